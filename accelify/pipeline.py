@@ -1,0 +1,198 @@
+"""The pure core: source text in, new text + changes + findings out.
+
+Parse once, analyse once, run the ordered codemods, let LibCST's import visitors
+add and remove imports, render once.  Nothing here touches the file system and
+nothing raises on user input: a file that cannot be parsed comes back with
+``error`` set and its text unchanged.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.helpers import get_full_name_for_node
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.metadata import MetadataWrapper
+
+from accelify.analysis import RawFinding, analyze
+from accelify.codemods import gather_codemods
+from accelify.report import Change, Finding
+
+
+@dataclass(frozen=True)
+class Options:
+    line_length: int = 88
+
+
+@dataclass
+class Result:
+    path: str
+    source: str
+    output: str
+    changes: list[Change] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    error: Optional[str] = None
+
+    @property
+    def changed(self) -> bool:
+        return self.error is None and self.output != self.source
+
+
+class _LineMap:
+    """Maps a line of the text after N passes back to the original file's line."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines(keepends=True)
+        self.origin = list(range(1, len(self.lines) + 1))
+
+    def to_original(self, line: int) -> int:
+        if not self.origin:
+            return max(line, 1)
+        return self.origin[min(max(line, 1), len(self.origin)) - 1]
+
+    def advance(self, text: str) -> None:
+        new = text.splitlines(keepends=True)
+        origin: list[int] = []
+        matcher = difflib.SequenceMatcher(None, self.lines, new, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag == "equal":
+                origin.extend(self.origin[i1:i2])
+            elif tag in ("replace", "insert"):
+                anchor = self.origin[min(i1, len(self.origin) - 1)] if self.origin else 1
+                origin.extend([anchor] * (j2 - j1))
+        self.lines, self.origin = new, origin
+
+
+def convert_source(source: str, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
+    options = options or Options()
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        return Result(path, source, source, error=f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}")
+    try:
+        return _convert(module, source, path, options)
+    except Exception as exc:  # a bug of ours must never cost the user a file
+        return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {exc!r}")
+
+
+def _convert(module: cst.Module, source: str, path: str, options: Options) -> Result:
+    context = CodemodContext(filename=path, full_module_name=None, full_package_name=None)
+    context.scratch["accelify.line_length"] = options.line_length
+    plan = analyze(MetadataWrapper(module))
+    linemap = _LineMap(source)
+
+    def place(raw: RawFinding) -> Finding:
+        return Finding(path, linemap.to_original(raw.line), raw.column, raw.code, raw.message, raw.suggestion)
+
+    findings = [place(f) for f in plan.findings]
+    changes: list[Change] = []
+    if not plan.convertible:
+        return Result(path, source, source, findings=sorted(findings))
+
+    for codemod_class in gather_codemods():
+        wrapper = MetadataWrapper(module)
+        pass_context = replace(context, wrapper=wrapper)
+        codemod = codemod_class(pass_context, plan)
+        new_module = wrapper.visit(codemod)
+        changes.extend(replace(c, line=linemap.to_original(c.line)) for c in codemod.changes)
+        findings.extend(place(f) for f in codemod.findings)
+        if new_module.code != module.code:
+            linemap.advance(new_module.code)
+        module = new_module
+
+    before_imports = module
+    module = AddImportsVisitor(replace(context, wrapper=None)).transform_module(module)
+    module = _place_added_imports(before_imports, module)
+    module = RemoveImportsVisitor(replace(context, wrapper=None)).transform_module(module)
+
+    output = module.code
+    if output != source and not _still_parses(source, output):
+        return Result(path, source, source, findings=sorted(findings),
+                      error=f"{path}: internal error: the rewrite does not parse; file left unchanged")
+    return Result(path, source, output, changes=sorted(changes), findings=sorted(findings))
+
+
+def _still_parses(source: str, output: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return True  # newer syntax than this interpreter knows: LibCST's own parse must do
+    try:
+        ast.parse(output)
+    except SyntaxError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------
+# where a new import goes
+
+_IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
+
+
+def _import_block(module: cst.Module) -> tuple[int, int]:
+    """[start, end) of the contiguous imports at the top, after a docstring."""
+    start = 0
+    if module.body and m.matches(module.body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
+        start = 1
+    end = start
+    while end < len(module.body) and m.matches(module.body[end], _IMPORT):
+        end += 1
+    return start, end
+
+
+def _module_of(stmt: cst.BaseStatement) -> tuple[str, str]:
+    """(kind, top-level module) of an import statement: kind is 'import' or 'from'."""
+    node = stmt.body[0]  # type: ignore[attr-defined]
+    if isinstance(node, cst.Import):
+        return "import", get_full_name_for_node(node.names[0].name) or ""
+    if node.relative:
+        return "relative", ""
+    return "from", get_full_name_for_node(node.module) or ""  # type: ignore[arg-type]
+
+
+def _third_party(name: str) -> bool:
+    top = name.split(".")[0]
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    return bool(top) and top != "__future__" and top not in stdlib
+
+
+def _place_added_imports(before: cst.Module, after: cst.Module) -> cst.Module:
+    """Move the ``from x import y`` lines AddImportsVisitor appended to where isort would put them.
+
+    LibCST appends new imports at the end of the top import block; black/ruff
+    users keep their third-party ``from`` imports sorted, so the new line goes
+    before the first one that sorts after it.  Blocks without third-party
+    ``from`` imports are left as LibCST made them.
+    """
+    old = {before.code_for_node(s) for s in before.body if m.matches(s, _IMPORT)}
+    start, end = _import_block(after)
+    body = list(after.body)
+    added = [i for i in range(start, end) if after.code_for_node(body[i]) not in old]
+    for i in reversed(added):
+        stmt = body[i]
+        kind, name = _module_of(stmt)
+        if kind != "from" or not _third_party(name):
+            continue
+        rest = [j for j in range(start, end) if j not in added]
+        peers = [j for j in rest if _module_of(body[j])[0] == "from" and _third_party(_module_of(body[j])[1])]
+        later = [j for j in peers if _module_of(body[j])[1].lower() > name.lower()]
+        if not later or later[0] > i:
+            continue
+        target = later[0]
+        moved = stmt.with_changes(leading_lines=body[target].leading_lines)
+        body[target] = body[target].with_changes(leading_lines=[])
+        body.insert(target, moved)
+        del body[i + 1]
+    return after.with_changes(body=body)
+
+
+def convert_many(sources: Sequence[tuple[str, str]], options: Optional[Options] = None) -> list[Result]:
+    return [convert_source(text, path, options) for path, text in sources]

@@ -1,0 +1,34 @@
+"""The codemods, one per file, and the order they run in.
+
+Installed as ``accelify.codemods``; inside the repository the folder is ``codemods/``.
+"""
+
+from __future__ import annotations
+
+from .accelerator import AddAccelerator
+from .backward import Backward
+from .base import AccelifyCodemod
+from .device import RemoveDevice
+from .placement import RemovePlacement
+from .prepare import Prepare
+
+# The order matters:
+# 1. placement first: it must still see `.to(device)` to know what the device var is used for;
+# 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
+#    assignment goes;
+# 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
+# 4. backward is independent;
+# 5. the Accelerator last: it goes before the first statement that uses it, which the
+#    earlier passes create. The import visitors run after all of them (in the pipeline).
+CODEMODS: tuple[type[AccelifyCodemod], ...] = (RemovePlacement, RemoveDevice, Prepare, Backward, AddAccelerator)
+
+
+def gather_codemods() -> tuple[type[AccelifyCodemod], ...]:
+    return CODEMODS
+
+
+def by_code() -> dict[str, type[AccelifyCodemod]]:
+    return {cls.CODE: cls for cls in sorted(CODEMODS, key=lambda c: c.CODE)}
+
+
+__all__ = ["AccelifyCodemod", "CODEMODS", "by_code", "gather_codemods"]

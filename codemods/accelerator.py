@@ -1,0 +1,82 @@
+"""ACC001: ``from accelerate import Accelerator`` and one ``accelerator = Accelerator()``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import AddImportsVisitor
+
+from accelify.analysis import binds
+from .base import AccelifyCodemod, insert_paragraph
+from .prepare import Block, _blocks
+
+_IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
+
+
+class AddAccelerator(AccelifyCodemod):
+    """Create the one ``Accelerator`` of the program before the training objects are built.
+
+    At module level it goes right after the import block, as in the Accelerate
+    docs.  A script that already has an ``Accelerator`` keeps it: accelify reuses
+    its name and never creates a second one.
+
+    Before::
+
+        import torch
+
+        model = Net()
+
+    After::
+
+        import torch
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+
+        model = Net()
+    """
+
+    CODE = "ACC001"
+    NAME = "accelerator"
+    DESCRIPTION = "Add `from accelerate import Accelerator` and `accelerator = Accelerator()`."
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._target: Optional[Block] = None
+        if self.plan.has_accelerator:
+            return
+        names = set(self.plan.prepared) | set(self.plan.optimizers)
+        uses = m.Name(self.plan.accelerator)
+        best: Optional[tuple[Block, int]] = None
+        for block in _blocks(node):
+            hits = [
+                i for i, stmt in enumerate(block.body)
+                if binds(stmt, names) or (not isinstance(stmt, cst.FunctionDef) and m.findall(stmt, uses))
+            ]
+            if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
+                best = (block, hits[0])
+        if best is None:
+            return
+        block, index = best
+        if block is node:
+            imports = [i for i, stmt in enumerate(node.body[:index]) if m.matches(stmt, _IMPORT)]
+            if imports:
+                index = imports[-1] + 1
+        self._target, self._index = block, index
+        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+
+    def _insert(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        anchor = original.body[min(self._index, len(original.body) - 1)]
+        self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
+        return insert_paragraph(body, self._index, self.parse_statement(f"{self.plan.accelerator} = Accelerator()\n"))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        if original_node is self._target:
+            return updated_node.with_changes(body=self._insert(original_node, list(updated_node.body)))
+        return updated_node
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if original_node is self._target:
+            return updated_node.with_changes(body=self._insert(original_node, list(updated_node.body)))
+        return updated_node

@@ -1,0 +1,184 @@
+"""What every accelify codemod shares: identity (code, name), records, statement editing."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import ClassVar, Sequence, Union
+
+import libcst as cst
+from libcst.codemod import CodemodContext, ContextAwareTransformer
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from accelify.analysis import Plan, RawFinding
+from accelify.report import Change
+
+Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
+
+
+def merge_leading_lines(first: Sequence[cst.EmptyLine], second: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:
+    """Concatenate two runs of leading lines without doubling the blank lines where they meet."""
+    first, second = list(first), list(second)
+    trailing = 0
+    while trailing < len(first) and first[len(first) - 1 - trailing].comment is None:
+        trailing += 1
+    leading = 0
+    while leading < len(second) and second[leading].comment is None:
+        leading += 1
+    keep = max(trailing, leading)
+    head = first[: len(first) - trailing]
+    tail = second[leading:]
+    blanks = (first[len(first) - trailing :] if trailing >= leading else second[:leading])[:keep]
+    return head + blanks + tail
+
+
+class AccelifyCodemod(ContextAwareTransformer):
+    """Base class: one rewrite, one stable code, one file.
+
+    Subclasses set ``CODE`` (``ACC0xx``), ``NAME`` (kebab-case) and ``DESCRIPTION``
+    (one line), and put a before/after example in their docstring between the
+    ``Before::`` and ``After::`` markers: the README and ``accelify rules`` show it,
+    and the test-suite converts it.
+
+    Statements are removed by returning them from ``leave_*`` after calling
+    :meth:`remove`; the enclosing block then drops them and hands their blank
+    lines and comments to the next statement, so no comment is ever lost.
+    """
+
+    CODE: ClassVar[str] = ""
+    NAME: ClassVar[str] = ""
+    DESCRIPTION: ClassVar[str] = ""
+
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
+
+    def __init__(self, context: CodemodContext, plan: Plan) -> None:
+        super().__init__(context)
+        self.plan = plan
+        self.changes: list[Change] = []
+        self.findings: list[RawFinding] = []
+        self._removed: set[int] = set()
+        self._emptied: set[int] = set()
+
+    # ------------------------------------------------------------------ examples
+    @classmethod
+    def example(cls) -> tuple[str, str]:
+        """The (before, after) pair from the class docstring."""
+        doc = cls.__doc__ or ""
+        before, _, after = doc.partition("After::")
+        before = before.partition("Before::")[2]
+        return textwrap.dedent(before).strip("\n") + "\n", textwrap.dedent(after).strip("\n") + "\n"
+
+    # ------------------------------------------------------------------ records
+    def line_of(self, node: cst.CSTNode) -> tuple[int, int]:
+        pos = self.get_metadata(PositionProvider, node, None)
+        if pos is None:
+            return 0, 0
+        return pos.start.line, pos.start.column + 1
+
+    def change(self, node: cst.CSTNode, message: str) -> None:
+        line, _ = self.line_of(node)
+        self.changes.append(Change(line, self.CODE, message))
+
+    def finding(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
+        line, col = self.line_of(node)
+        self.findings.append(RawFinding(line, col, code, message, suggestion))
+
+    # ------------------------------------------------------------------ statements
+    def remove(self, updated: Statement) -> Statement:
+        """Mark a statement (the ``updated_node`` being returned) for removal."""
+        self._removed.add(id(updated))
+        return updated
+
+    def is_removed(self, node: cst.CSTNode) -> bool:
+        return id(node) in self._removed
+
+    def parse_statement(self, code: str) -> Statement:
+        module = self.context.module
+        config = module.config_for_parsing if module is not None else cst.PartialParserConfig()
+        return cst.parse_statement(code, config=config)
+
+    def _rebuild(self, body: Sequence[cst.BaseStatement]) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        out: list[cst.BaseStatement] = []
+        pending: list[cst.EmptyLine] = []
+        for stmt in body:
+            if id(stmt) in self._removed:
+                pending = merge_leading_lines(pending, stmt.leading_lines)
+                continue
+            if pending:
+                stmt = stmt.with_changes(leading_lines=merge_leading_lines(pending, stmt.leading_lines))
+                pending = []
+            out.append(stmt)
+        leftover = pending if any(line.comment is not None for line in pending) else []
+        return out, leftover
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        if not any(id(s) in self._removed for s in updated_node.body):
+            return updated_node
+        body, leftover = self._rebuild(updated_node.body)
+        if not body:
+            block = updated_node.with_changes(
+                body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=leftover)]
+            )
+            self._emptied.add(id(block))
+            return block
+        return updated_node.with_changes(body=body, footer=[*leftover, *updated_node.footer])
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not any(id(s) in self._removed for s in updated_node.body):
+            return updated_node
+        body, leftover = self._rebuild(updated_node.body)
+        return updated_node.with_changes(body=body, footer=[*leftover, *updated_node.footer])
+
+    def emptied(self, block: cst.BaseSuite) -> bool:
+        """True when this pass removed every statement of ``block``."""
+        return id(block) in self._emptied
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.BaseStatement]:
+        if self.emptied(updated_node.body) and updated_node.orelse is None and _side_effect_free(updated_node.iter):
+            return self.remove(updated_node)
+        return updated_node
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if self.emptied(updated_node.body) and updated_node.orelse is None and _side_effect_free(updated_node.test):
+            parent = self.get_metadata(ParentNodeProvider, original_node, None)
+            if not isinstance(parent, cst.If):  # an `elif` cannot be dropped on its own
+                return self.remove(updated_node)
+        return updated_node
+
+
+_PURE_METHODS = frozenset({"items", "keys", "values", "is_available", "device_count"})
+
+
+def _side_effect_free(expr: cst.BaseExpression) -> bool:
+    """Conservative: names, attributes, literals, comparisons and a few well-known calls."""
+    if isinstance(expr, (cst.Name, cst.Integer, cst.SimpleString)):
+        return True
+    if isinstance(expr, cst.Attribute):
+        return _side_effect_free(expr.value)
+    if isinstance(expr, cst.Subscript):
+        return _side_effect_free(expr.value)
+    if isinstance(expr, cst.UnaryOperation):
+        return _side_effect_free(expr.expression)
+    if isinstance(expr, cst.BooleanOperation):
+        return _side_effect_free(expr.left) and _side_effect_free(expr.right)
+    if isinstance(expr, cst.Comparison):
+        return _side_effect_free(expr.left) and all(_side_effect_free(c.comparator) for c in expr.comparisons)
+    if isinstance(expr, cst.Call) and not expr.args and isinstance(expr.func, cst.Attribute):
+        return expr.func.attr.value in _PURE_METHODS and _side_effect_free(expr.func.value)
+    return False
+
+
+def insert_paragraph(body: Sequence[cst.BaseStatement], index: int, stmt: Statement) -> list[cst.BaseStatement]:
+    """Insert ``stmt`` at ``index`` as a paragraph of its own: a blank line before and after it.
+
+    At the very top of a block there is no blank line before it.
+    """
+    stmt = stmt.with_changes(leading_lines=[cst.EmptyLine()] if index > 0 else [])
+    after = list(body[index:])
+    if after and not after[0].leading_lines:
+        after[0] = after[0].with_changes(leading_lines=[cst.EmptyLine()])
+    return [*body[:index], stmt, *after]
+
+
+def accelerator_attr(plan: Plan, attr: str) -> cst.Attribute:
+    return cst.Attribute(value=cst.Name(plan.accelerator), attr=cst.Name(attr))
+

@@ -1,0 +1,286 @@
+"""ACC003: device placement removed where ``accelerator.prepare`` takes over."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
+
+from accelify.analysis import (
+    assigned_names,
+    classify_device,
+    iter_statements,
+    peel_iterable,
+    resolves_to_global,
+    root_name,
+    simple_assign,
+)
+from .base import AccelifyCodemod, accelerator_attr
+
+_DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
+
+
+class RemovePlacement(AccelifyCodemod):
+    """Drop ``.to(device)`` / ``.cuda()`` on prepared models and on batches of prepared dataloaders.
+
+    ``prepare`` moves the model, and a prepared dataloader yields batches that are
+    already on the right device.  Anything else (a tensor built by hand, a model
+    no optimizer trains) keeps a placement, as ``.to(accelerator.device)``.
+
+    Before::
+
+        model = Net().to(device)
+        for batch in train_dataloader:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            mask = torch.ones(4).cuda()
+
+    After::
+
+        model = Net()
+        for batch in train_dataloader:
+            mask = torch.ones(4).to(accelerator.device)
+    """
+
+    CODE = "ACC003"
+    NAME = "remove-placement"
+    DESCRIPTION = "Remove .to(device)/.cuda() where prepare() places the object; keep others on accelerator.device."
+
+    def __init__(self, context, plan) -> None:
+        super().__init__(context, plan)
+        self._derived: list[set[str]] = []  # one set per enclosing loop/comprehension over batch data
+        self._strip: set[int] = set()  # ids of placement calls to strip (original nodes)
+        self._touched: list[bool] = []  # per statement: did we strip something in it?
+
+    # ------------------------------------------------------------ what is placement
+    def _device_arg(self, call: cst.Call) -> Optional[cst.Arg]:
+        """The argument of a ``.to(...)`` call that names an automatic device, if any."""
+        for i, arg in enumerate(call.args):
+            if (arg.keyword is None and i == 0) or (arg.keyword is not None and arg.keyword.value == "device"):
+                if self._is_device(arg.value):
+                    return arg
+        return None
+
+    def _is_device(self, expr: cst.BaseExpression) -> bool:
+        if isinstance(expr, cst.Name):
+            return expr.value in self.plan.device_vars and resolves_to_global(self, expr)
+        kind = classify_device(self, expr)
+        return kind is not None and kind.kind == "auto"
+
+    def _placement(self, call: cst.Call) -> bool:
+        if not isinstance(call.func, cst.Attribute):
+            return False
+        method = call.func.attr.value
+        if method == "to":
+            return self._device_arg(call) is not None
+        if method == "cuda":
+            # `x.cuda()` is a placement; an imported module's `cuda` attribute is not.
+            receiver = call.func.value
+            return not any(
+                q.source is QualifiedNameSource.IMPORT
+                for q in self.get_metadata(QualifiedNameProvider, receiver, set())
+            )
+        return False
+
+    # ------------------------------------------------------------ batch data flow
+    def _is_derived(self, expr: cst.BaseExpression, derived: set[str]) -> bool:
+        if isinstance(expr, cst.Call) and self._placement(expr):
+            return self._is_derived(expr.func.value, derived)  # type: ignore[union-attr]
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return bool(expr.elements) and all(self._is_derived(e.value, derived) for e in expr.elements)
+        if isinstance(expr, (cst.DictComp, cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+            return self._is_derived(expr.for_in.iter, derived)
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value in ("tuple", "list", "dict"):
+            return len(expr.args) == 1 and self._is_derived(expr.args[0].value, derived)
+        root = root_name(expr)
+        return root is not None and root.value in derived
+
+    def _loop_derived(self, loop: cst.For, seed: set[str]) -> set[str]:
+        """Names in the loop body that only ever hold data drawn from the batch."""
+        derived = set(seed)
+        assigns = [a for stmt, _ in iter_statements(loop.body) if (a := simple_assign(stmt)) is not None]
+        candidates: dict[str, list[cst.BaseExpression]] = {}
+        for assign in assigns:
+            for target in assign.targets:
+                for name in assigned_names(target.target):
+                    candidates.setdefault(name, []).append(assign.value)
+        changed = True
+        while changed:
+            changed = False
+            for name, values in candidates.items():
+                if name not in derived and all(self._is_derived(v, derived) for v in values):
+                    derived.add(name)
+                    changed = True
+        # A loop variable that is also given non-batch values in the body is not batch data.
+        for name in seed:
+            values = candidates.get(name, [])
+            if not all(self._is_derived(v, derived) for v in values):
+                derived.discard(name)
+        return derived
+
+    def _current_derived(self) -> set[str]:
+        out: set[str] = set()
+        for names in self._derived:
+            out |= names
+        return out
+
+    def visit_For(self, node: cst.For) -> None:
+        source = peel_iterable(self, node.iter)
+        seed: set[str] = set()
+        if (
+            isinstance(source, cst.Name)
+            and source.value in self.plan.dataloaders
+            and resolves_to_global(self, source)
+        ):
+            seed = set(assigned_names(node.target))
+        elif self._is_derived(node.iter, self._current_derived()):
+            seed = set(assigned_names(node.target))
+        self._derived.append(self._loop_derived(node, seed | self._current_derived()) if seed else set())
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.BaseStatement]:
+        self._derived.pop()
+        return super().leave_For(original_node, updated_node)
+
+    def _visit_comp(self, node: Union[cst.DictComp, cst.ListComp, cst.GeneratorExp, cst.SetComp]) -> None:
+        derived = self._current_derived()
+        names: set[str] = set()
+        comp_for: Optional[cst.CompFor] = node.for_in
+        while comp_for is not None:
+            if self._is_derived(comp_for.iter, derived | names):
+                names |= set(assigned_names(comp_for.target))
+            comp_for = comp_for.inner_for_in
+        self._derived.append(names)
+
+    def _leave_comp(self, original_node, updated_node):
+        self._derived.pop()
+        return updated_node
+
+    visit_DictComp = visit_ListComp = visit_GeneratorExp = visit_SetComp = _visit_comp
+    leave_DictComp = leave_ListComp = leave_GeneratorExp = leave_SetComp = _leave_comp
+
+    # ------------------------------------------------------------ statements
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._touched.append(False)
+        assign = simple_assign(node)
+        if assign is None:
+            return
+        targets = {n for t in assign.targets for n in assigned_names(t.target)}
+        if not targets & set(self.plan.models):
+            return
+        if not all(
+            isinstance(t.target, cst.Name) and resolves_to_global(self, t.target) for t in assign.targets
+        ):
+            return
+        # model = Net().to(device) / model = Net().cuda().half(): strip along the method chain.
+        node_ = assign.value
+        while isinstance(node_, cst.Call) and isinstance(node_.func, cst.Attribute):
+            if self._placement(node_):
+                self._strip.add(id(node_))
+            node_ = node_.func.value
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not self._placement(original_node):
+            return updated_node
+        receiver = original_node.func.value  # type: ignore[union-attr]
+        root = root_name(receiver)
+        strip = id(original_node) in self._strip
+        if not strip and root is not None:
+            if root.value in self._current_derived():
+                strip = True
+            elif root.value in self.plan.models and resolves_to_global(self, root):
+                strip = True
+        if strip:
+            if self._touched:
+                self._touched[-1] = True
+            self.change(original_node, "placement removed: prepare() places this object")
+            return self._strip_device(original_node, updated_node)
+        return self._to_accelerator_device(original_node, updated_node)
+
+    def _strip_device(self, original: cst.Call, call: cst.Call) -> cst.BaseExpression:
+        receiver = call.func.value  # type: ignore[union-attr]
+        if call.func.attr.value == "cuda":  # type: ignore[union-attr]
+            return receiver
+        device = original.args.index(self._device_arg(original))  # metadata lives on the original
+        rest = [
+            a
+            for i, a in enumerate(call.args)
+            if i != device and not (a.keyword is not None and a.keyword.value in _DEVICE_ONLY_KEYWORDS)
+        ]
+        if not rest:
+            return receiver
+        rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return call.with_changes(args=rest)
+
+    def _to_accelerator_device(self, original: cst.Call, call: cst.Call) -> cst.BaseExpression:
+        """A placement that stays: make it name the accelerator's device."""
+        func = call.func
+        assert isinstance(func, cst.Attribute)
+        if func.attr.value == "cuda":
+            keep = [a for a in call.args if a.keyword is not None and a.keyword.value == "non_blocking"]
+            self.change(original, "`.cuda()` -> `.to(accelerator.device)`")
+            return call.with_changes(
+                func=func.with_changes(attr=cst.Name("to")),
+                args=[cst.Arg(accelerator_attr(self.plan, "device")), *keep],
+            )
+        device = self._device_arg(original)
+        if device is None or isinstance(device.value, cst.Name):
+            return call  # a device variable: the device codemod renames it
+        index = original.args.index(device)
+        self.change(original, "placement kept on `accelerator.device`")
+        return call.with_changes(
+            args=[
+                a.with_changes(value=accelerator_attr(self.plan, "device")) if i == index else a
+                for i, a in enumerate(call.args)
+            ]
+        )
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        touched = self._touched.pop()
+        if touched and len(updated_node.body) == 1 and _is_noop(updated_node.body[0]):
+            return self.remove(updated_node)
+        return updated_node
+
+
+def _code(node: cst.CSTNode) -> str:
+    text = cst.Module(body=[]).code_for_node(node)
+    return "".join(text.split()).strip("()")
+
+
+def _is_noop(small: cst.BaseSmallStatement) -> bool:
+    """What a stripped placement statement becomes when it no longer does anything."""
+    if isinstance(small, cst.Expr):
+        return isinstance(small.value, (cst.Name, cst.Attribute, cst.Subscript))
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return False
+    target, value = small.targets[0].target, small.value
+    if _code(target) == _code(value):
+        return True
+    # batch = {k: v for k, v in batch.items()}
+    if m.matches(
+        value,
+        m.DictComp(
+            key=m.Name(), value=m.Name(),
+            for_in=m.CompFor(
+                target=m.Tuple(elements=[m.Element(m.Name()), m.Element(m.Name())]),
+                iter=m.Call(func=m.Attribute(attr=m.Name("items")), args=[]),
+                inner_for_in=None, ifs=[],
+            ),
+        ),
+    ):
+        k, v = (e.value.value for e in value.for_in.target.elements)  # type: ignore[union-attr]
+        if (value.key.value, value.value.value) == (k, v):  # type: ignore[union-attr]
+            return _code(value.for_in.iter.func.value) == _code(target)  # type: ignore[union-attr]
+    # batch = [t for t in batch] / tuple(t for t in batch)
+    comp = value
+    if m.matches(value, m.Call(func=m.Name("tuple") | m.Name("list"), args=[m.Arg(m.GeneratorExp() | m.ListComp())])):
+        comp = value.args[0].value  # type: ignore[union-attr]
+    if isinstance(comp, (cst.ListComp, cst.GeneratorExp)) and comp.for_in.inner_for_in is None and not comp.for_in.ifs:
+        return (
+            isinstance(comp.elt, cst.Name)
+            and _code(comp.elt) == _code(comp.for_in.target)
+            and _code(comp.for_in.iter) == _code(target)
+        )
+    return False
