@@ -29,6 +29,8 @@ from accelify.report import Change, Finding
 @dataclass(frozen=True)
 class Options:
     line_length: int = 88
+    #: Run only the codemods with these codes (``None``: all of them).
+    select: Optional[frozenset[str]] = None
 
 
 @dataclass
@@ -75,7 +77,7 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        return Result(path, source, source, error=f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}")
+        return Result(path, source, source, error=_syntax_error(path, source, exc))
     try:
         return _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
@@ -97,6 +99,8 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
         return Result(path, source, source, findings=sorted(findings))
 
     for codemod_class in gather_codemods():
+        if options.select is not None and codemod_class.CODE not in options.select:
+            continue
         wrapper = MetadataWrapper(module)
         pass_context = replace(context, wrapper=wrapper)
         codemod = codemod_class(pass_context, plan)
@@ -119,14 +123,26 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     return Result(path, source, output, changes=sorted(changes), findings=sorted(findings))
 
 
+def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:
+    """Prefer CPython's own message and position: it is the one users know."""
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError) as syntax:
+        if not isinstance(syntax, SyntaxError):
+            return f"{path}: cannot parse: {syntax}"
+
+        return f"{path}:{syntax.lineno}:{syntax.offset}: cannot parse: {syntax.msg}"
+    return f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}"
+
+
 def _still_parses(source: str, output: str) -> bool:
     try:
         ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return True  # newer syntax than this interpreter knows: LibCST's own parse must do
     try:
         ast.parse(output)
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return False
     return True
 

@@ -1,0 +1,41 @@
+"""Unified diffs from the standard library's difflib, coloured with rich on a terminal."""
+
+from __future__ import annotations
+
+import difflib
+from typing import TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+_NO_NEWLINE = "\\ No newline at end of file\n"
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+    """A diff ``git apply`` and ``patch -p1`` accept; empty when nothing changed."""
+    if old == new:
+        return ""
+    label = path.lstrip("/") if path != "<stdin>" else "stdin"
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{label}", f"b/{label}", n=3
+    )
+    out = []
+    for line in lines:
+        if line.endswith("\n"):
+            out.append(line)
+        else:  # the last line of a file without a final newline
+            out.append(line + "\n" + _NO_NEWLINE)
+    return "".join(out)
+
+
+_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"), ("\\", "dim"))
+
+
+def print_diff(diff: str, stream: TextIO, color: bool) -> None:
+    if not color:
+        stream.write(diff)
+        return
+    console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=True, emoji=False)
+    for line in diff.splitlines():
+        style = next((s for prefix, s in _STYLES if line.startswith(prefix)), "")
+        console.print(Text(line, style=style))

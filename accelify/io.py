@@ -1,0 +1,80 @@
+"""Reading and writing Python sources byte-faithfully: encoding, BOM and newlines are kept."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tempfile
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+# Directories nobody wants converted, as black skips them by default.
+SKIP_DIRS = frozenset(
+    {".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".nox", ".tox", ".venv", "venv",
+     "__pycache__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages"}
+)
+
+
+class SourceError(Exception):
+    """A file that cannot be read or decoded; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str
+    text: str
+    encoding: str
+
+
+def decode(raw: bytes, path: str) -> Source:
+    """Decode with the file's own PEP 263 encoding; newlines are left exactly as they are."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+        text = raw.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError) as exc:
+        raise SourceError(f"{path}: cannot decode: {exc}") from exc
+    return Source(path, text, encoding)
+
+
+def read_source(path: str) -> Source:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return decode(raw, path)
+
+
+def write_atomic(path: str, text: str, encoding: str) -> None:
+    """Replace ``path`` with ``text`` in one step: a crash never leaves half a file."""
+    target = Path(path)
+    data = text.encode(encoding)
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".accelify", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def iter_python_files(paths: Iterable[str]) -> Iterator[str]:
+    """Files as given; directories expanded to their ``*.py`` files, sorted, skipping tool folders."""
+    for given in paths:
+        if given == "-" or not os.path.isdir(given):
+            yield given
+            continue
+        for root, dirs, files in os.walk(given):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    yield os.path.join(root, name)
