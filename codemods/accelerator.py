@@ -27,6 +27,7 @@ class AddAccelerator(AccelifyCodemod):
         import torch
 
         model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
 
     After::
 
@@ -36,6 +37,7 @@ class AddAccelerator(AccelifyCodemod):
         accelerator = Accelerator()
 
         model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
     """
 
     CODE = "ACC001"

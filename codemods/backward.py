@@ -22,11 +22,17 @@ class Backward(AccelifyCodemod):
 
     Before::
 
+        import torch
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loss.backward()
         outputs.loss.backward(retain_graph=True)
 
     After::
 
+        import torch
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         accelerator.backward(loss)
         accelerator.backward(outputs.loss, retain_graph=True)
     """

@@ -55,8 +55,9 @@ class AccelifyCodemod(ContextAwareTransformer):
         self.plan = plan
         self.changes: list[Change] = []
         self.findings: list[RawFinding] = []
-        self._removed: set[int] = set()
-        self._emptied: set[int] = set()
+        # id -> node: holding the node keeps its id from being reused by a new object.
+        self._removed: dict[int, cst.CSTNode] = {}
+        self._emptied: dict[int, cst.CSTNode] = {}
 
     # ------------------------------------------------------------------ examples
     @classmethod
@@ -85,7 +86,7 @@ class AccelifyCodemod(ContextAwareTransformer):
     # ------------------------------------------------------------------ statements
     def remove(self, updated: Statement) -> Statement:
         """Mark a statement (the ``updated_node`` being returned) for removal."""
-        self._removed.add(id(updated))
+        self._removed[id(updated)] = updated
         return updated
 
     def is_removed(self, node: cst.CSTNode) -> bool:
@@ -118,7 +119,7 @@ class AccelifyCodemod(ContextAwareTransformer):
             block = updated_node.with_changes(
                 body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=leftover)]
             )
-            self._emptied.add(id(block))
+            self._emptied[id(block)] = block
             return block
         return updated_node.with_changes(body=body, footer=[*leftover, *updated_node.footer])
 
@@ -172,10 +173,11 @@ def insert_paragraph(body: Sequence[cst.BaseStatement], index: int, stmt: Statem
 
     At the very top of a block there is no blank line before it.
     """
-    stmt = stmt.with_changes(leading_lines=[cst.EmptyLine()] if index > 0 else [])
+    blank = cst.EmptyLine(indent=False)
+    stmt = stmt.with_changes(leading_lines=[blank] if index > 0 else [])
     after = list(body[index:])
     if after and not after[0].leading_lines:
-        after[0] = after[0].with_changes(leading_lines=[cst.EmptyLine()])
+        after[0] = after[0].with_changes(leading_lines=[blank])
     return [*body[:index], stmt, *after]
 
 

@@ -23,11 +23,19 @@ class RemoveDevice(AccelifyCodemod):
 
     Before::
 
+        import torch
+
+        model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         noise = torch.zeros(3, device=device)
 
     After::
 
+        import torch
+
+        model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
         noise = torch.zeros(3, device=accelerator.device)
     """
 

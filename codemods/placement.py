@@ -31,14 +31,24 @@ class RemovePlacement(AccelifyCodemod):
 
     Before::
 
-        model = Net().to(device)
+        import torch
+        from torch.utils.data import DataLoader
+
+        train_dataloader = DataLoader(dataset, batch_size=8)
+        model = Net().to("cuda")
+        optimizer = torch.optim.AdamW(model.parameters())
         for batch in train_dataloader:
-            batch = {k: v.to(device) for k, v in batch.items()}
+            batch = {k: v.cuda() for k, v in batch.items()}
             mask = torch.ones(4).cuda()
 
     After::
 
+        import torch
+        from torch.utils.data import DataLoader
+
+        train_dataloader = DataLoader(dataset, batch_size=8)
         model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
         for batch in train_dataloader:
             mask = torch.ones(4).to(accelerator.device)
     """
@@ -77,7 +87,7 @@ class RemovePlacement(AccelifyCodemod):
         if method == "cuda":
             # `x.cuda()` is a placement; an imported module's `cuda` attribute is not.
             receiver = call.func.value
-            return not any(
+            return not isinstance(receiver, (cst.Name, cst.Attribute)) or not any(
                 q.source is QualifiedNameSource.IMPORT
                 for q in self.get_metadata(QualifiedNameProvider, receiver, set())
             )
@@ -98,25 +108,22 @@ class RemovePlacement(AccelifyCodemod):
 
     def _loop_derived(self, loop: cst.For, seed: set[str]) -> set[str]:
         """Names in the loop body that only ever hold data drawn from the batch."""
-        derived = set(seed)
         assigns = [a for stmt, _ in iter_statements(loop.body) if (a := simple_assign(stmt)) is not None]
-        candidates: dict[str, list[cst.BaseExpression]] = {}
+        values: dict[str, list[cst.BaseExpression]] = {}
         for assign in assigns:
             for target in assign.targets:
                 for name in assigned_names(target.target):
-                    candidates.setdefault(name, []).append(assign.value)
+                    values.setdefault(name, []).append(assign.value)
+        # Greatest fixpoint: assume every name is batch data, drop those given anything else
+        # (`y = y.to(device)` keeps `y` batch data; `x = x + noise` makes `x` something else).
+        derived = set(seed) | set(values)
         changed = True
         while changed:
             changed = False
-            for name, values in candidates.items():
-                if name not in derived and all(self._is_derived(v, derived) for v in values):
-                    derived.add(name)
+            for name in list(derived):
+                if not all(self._is_derived(v, derived) for v in values.get(name, [])):
+                    derived.discard(name)
                     changed = True
-        # A loop variable that is also given non-batch values in the body is not batch data.
-        for name in seed:
-            values = candidates.get(name, [])
-            if not all(self._is_derived(v, derived) for v in values):
-                derived.discard(name)
         return derived
 
     def _current_derived(self) -> set[str]:

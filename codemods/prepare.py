@@ -24,21 +24,34 @@ class Prepare(AccelifyCodemod):
 
     Before::
 
-        model = Net()
-        optimizer = AdamW(model.parameters(), lr=3e-5)
+        import torch
+        from torch.utils.data import DataLoader
 
+        train_dataloader = DataLoader(train_set, shuffle=True, batch_size=8)
+        eval_dataloader = DataLoader(eval_set, batch_size=8)
+        model = Net()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
         for epoch in range(num_epochs):
+            for batch in train_dataloader:
+                train_step(batch)
 
     After::
 
+        import torch
+        from torch.utils.data import DataLoader
+
+        train_dataloader = DataLoader(train_set, shuffle=True, batch_size=8)
+        eval_dataloader = DataLoader(eval_set, batch_size=8)
         model = Net()
-        optimizer = AdamW(model.parameters(), lr=3e-5)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
 
         train_dataloader, eval_dataloader, model, optimizer = accelerator.prepare(
             train_dataloader, eval_dataloader, model, optimizer
         )
 
         for epoch in range(num_epochs):
+            for batch in train_dataloader:
+                train_step(batch)
     """
 
     CODE = "ACC004"
