@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from accelify.pipeline import Options, Result, convert_source
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def convert(source: str, path: str = "script.py", **options) -> Result:
+    result = convert_source(source, path, Options(**options))
+    assert result.error is None, result.error
+    return result
+
+
+def assert_stable(output: str) -> None:
+    """black's assert_stable: converting converted code changes nothing."""
+    again = convert_source(output, "again.py")
+    assert again.error is None
+    assert again.output == output
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT

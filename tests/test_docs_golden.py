@@ -1,0 +1,51 @@
+"""The hand migration in the Accelerate docs, reproduced exactly."""
+
+from __future__ import annotations
+
+from conftest import FIXTURES, assert_stable, convert
+
+DOCS = FIXTURES / "docs"
+
+
+def _docs_diff() -> tuple[list[str], list[str]]:
+    """(lines of the rewritten script, removed lines) from the docs' own diff block."""
+    kept, removed = [], []
+    for line in (DOCS / "docs.diff").read_text().splitlines():
+        prefix, text = line[:2], line[2:]
+        if prefix == "- ":
+            removed.append(text)
+        elif prefix in ("+ ", "  "):
+            kept.append(text)
+        elif line.strip() == "":
+            kept.append("")
+    return kept, removed
+
+
+def test_docs_diff_fixture_is_the_seed() -> None:
+    kept, removed = _docs_diff()
+    assert "+ from accelerate import Accelerator" in (DOCS / "docs.diff").read_text()
+    assert len(removed) == 4 and "loss.backward()" in [r.strip() for r in removed]
+    assert kept[0] == "from accelerate import Accelerator"
+
+
+def test_output_contains_every_docs_line_in_order_and_none_removed(file_regression) -> None:
+    output = convert((DOCS / "before.py").read_text()).output
+    lines = output.splitlines()
+    kept, removed = _docs_diff()
+    position = 0
+    for wanted in (k for k in kept if k.strip()):
+        try:
+            position = lines.index(wanted, position) + 1
+        except ValueError:
+            raise AssertionError(f"docs line missing or out of order: {wanted!r}") from None
+    for gone in removed:
+        assert gone not in lines, gone
+    # The blank-line layout around the inserted paragraphs is the docs' too.
+    assert "\n\ntrain_dataloader, eval_dataloader, model, optimizer = accelerator.prepare(\n" in output
+    assert "\n)\n\nnum_epochs = 3\n" in output
+    assert "\nfrom transformers import AdamW, AutoModelForSequenceClassification, get_scheduler\n\naccelerator = Accelerator()\n\n" in output
+    file_regression.check(output, fullpath=DOCS / "after.py")
+
+
+def test_docs_golden_is_stable() -> None:
+    assert_stable((DOCS / "after.py").read_text())

@@ -1,0 +1,35 @@
+"""Every before/after pair in fixtures/, every no-op fixture, and a second pass over each."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import FIXTURES, assert_stable, convert
+
+PAIRS = sorted(p.parent.name for p in FIXTURES.glob("*/before.py"))
+NOOPS = sorted(p.name for p in (FIXTURES / "noop").glob("*.py"))
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_fixture_converts_to_golden(name: str, file_regression) -> None:
+    before = (FIXTURES / name / "before.py").read_text()
+    result = convert(before, f"{name}.py")
+    assert result.changed
+    file_regression.check(result.output, fullpath=FIXTURES / name / "after.py")
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_fixture_is_idempotent(name: str) -> None:
+    assert_stable((FIXTURES / name / "after.py").read_text())
+
+
+@pytest.mark.parametrize("name", NOOPS)
+def test_noop_fixture_is_byte_identical(name: str) -> None:
+    source = (FIXTURES / "noop" / name).read_bytes().decode()
+    result = convert(source, name)
+    assert result.output == source
+    assert not result.changes
+
+
+def test_fixture_sets_are_not_empty() -> None:
+    assert len(PAIRS) >= 10 and len(NOOPS) >= 5
