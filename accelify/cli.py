@@ -8,7 +8,7 @@ the other files are still processed).
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.console import Console
@@ -16,8 +16,10 @@ from rich.console import Console
 from accelify import __version__
 from accelify.diff import print_diff, unified_diff
 from accelify.io import Source, SourceError, decode, iter_python_files, read_source, write_atomic
-from accelify.pipeline import Options, Result, convert_source
 from accelify.report import Finding
+
+if TYPE_CHECKING:
+    from accelify.pipeline import Result
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 123
 
@@ -64,6 +66,8 @@ def convert(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
     """Convert training scripts; by default print a unified diff and write nothing."""
+    from accelify.pipeline import Options, convert_source  # LibCST loads only when there is work
+
     if in_place and output is not None:
         _usage("--in-place and --output cannot be used together.")
     if in_place and check:
@@ -78,7 +82,7 @@ def convert(
     err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     options = Options(line_length=line_length)
 
-    results: list[Result] = []
+    results: "list[Result]" = []
     status = EXIT_OK
     for path in files:
         try:
@@ -113,7 +117,7 @@ def convert(
     raise typer.Exit(status)
 
 
-def _write_output(output: str, result: Result, source: Source) -> None:
+def _write_output(output: str, result: "Result", source: Source) -> None:
     if output == "-":
         sys.stdout.buffer.write(result.output.encode(source.encoding))
         sys.stdout.flush()
@@ -126,7 +130,7 @@ def _print_findings(err: Console, findings: list[Finding]) -> None:
         err.print(finding.render(), markup=False)
 
 
-def _summary(results: list[Result], total: int, *, in_place: bool, check: bool) -> str:
+def _summary(results: "list[Result]", total: int, *, in_place: bool, check: bool) -> str:
     changed = sum(r.changed for r in results)
     errors = total - sum(r.error is None for r in results)
     findings = sum(len(r.findings) for r in results)

@@ -78,6 +78,8 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         return Result(path, source, source, error=_syntax_error(path, source, exc))
+    if not _may_train(source):
+        return Result(path, source, source)
     try:
         return _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
@@ -121,6 +123,16 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
         return Result(path, source, source, findings=sorted(findings),
                       error=f"{path}: internal error: the rewrite does not parse; file left unchanged")
     return Result(path, source, output, changes=sorted(changes), findings=sorted(findings))
+
+
+def _may_train(source: str) -> bool:
+    """Cheap pre-check: a file that names no optimizer and no parameters trains nothing.
+
+    Every optimizer accelify recognises is either imported from a module whose
+    path contains ``optim`` or built from ``<model>.parameters()``, so skipping
+    the metadata passes for other files changes no result.
+    """
+    return "optim" in source or "parameters(" in source
 
 
 def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:

@@ -1,0 +1,194 @@
+"""The CLI contract, through the real entry point in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+
+TRAIN = (FIXTURES / "docs" / "before.py").read_text()
+CONVERTED = (FIXTURES / "docs" / "after.py").read_text()
+
+
+def run(*args: str, cwd: Path, stdin: bytes = b"", env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "accelify", *args],
+        cwd=cwd, input=stdin, capture_output=True, timeout=120, env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "plain.py").write_text("import os\n\nprint(os.getcwd())\n")
+    return tmp_path
+
+
+def test_default_prints_diff_and_writes_nothing(project: Path) -> None:
+    proc = run("convert", "train.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    assert out.startswith("--- a/train.py\n+++ b/train.py\n@@ ")
+    assert "+from accelerate import Accelerator\n" in out
+    assert "-        loss.backward()\n" in out
+    assert "\x1b[" not in out  # not a terminal: no colour
+    assert (project / "train.py").read_text() == TRAIN
+    assert b"1 file would be converted" in proc.stderr
+
+
+def test_diff_applies_with_patch(project: Path) -> None:
+    diff = run("convert", "train.py", cwd=project).stdout
+    subprocess.run(["patch", "-p1", "-s"], cwd=project, input=diff, check=True)
+    assert (project / "train.py").read_text() == CONVERTED
+
+
+def test_color_only_when_asked(project: Path) -> None:
+    proc = run("convert", "--color", "train.py", cwd=project)
+    assert "\x1b[" in proc.stdout.decode()
+
+
+def test_in_place_then_check_is_clean(project: Path) -> None:
+    proc = run("convert", "--in-place", "train.py", "plain.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b""
+    assert (project / "train.py").read_text() == CONVERTED
+    assert (project / "plain.py").read_text() == "import os\n\nprint(os.getcwd())\n"
+    assert [p.name for p in project.iterdir() if p.name.startswith(".")] == []  # no temp file left
+    again = run("convert", "--check", ".", cwd=project)
+    assert again.returncode == 0, again.stderr
+
+
+def test_check_exits_1_and_writes_nothing(project: Path) -> None:
+    proc = run("convert", "--check", str(project), cwd=project)
+    assert proc.returncode == 1
+    assert proc.stdout == b""
+    assert (project / "train.py").read_text() == TRAIN
+    with_diff = run("convert", "--check", "--diff", "train.py", cwd=project)
+    assert with_diff.returncode == 1 and with_diff.stdout.startswith(b"--- a/train.py")
+
+
+def test_stdin_and_output_to_stdout(project: Path) -> None:
+    proc = run("convert", "-", "-o", "-", cwd=project, stdin=TRAIN.encode())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode() == CONVERTED
+
+
+def test_stdin_default_is_a_diff(project: Path) -> None:
+    proc = run("convert", "-", cwd=project, stdin=TRAIN.encode())
+    assert proc.stdout.startswith(b"--- a/stdin\n+++ b/stdin\n")
+
+
+def test_output_file(project: Path) -> None:
+    proc = run("convert", "train.py", "-o", "train_accel.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert (project / "train_accel.py").read_text() == CONVERTED
+    assert (project / "train.py").read_text() == TRAIN
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("convert",),
+        ("convert", "--in-place", "--check", "train.py"),
+        ("convert", "--in-place", "-"),
+        ("convert", "-o", "x.py", "train.py", "plain.py"),
+        ("convert", "--in-place", "-o", "x.py", "train.py"),
+        ("rules", "ACC999"),
+        ("convert", "--no-such-flag", "train.py"),
+    ],
+)
+def test_usage_errors_exit_2(project: Path, args: tuple[str, ...]) -> None:
+    proc = run(*args, cwd=project)
+    assert proc.returncode == 2, proc.stderr
+    assert (project / "train.py").read_text() == TRAIN
+
+
+def test_syntax_error_exit_123_names_line_and_others_still_processed(project: Path) -> None:
+    broken = "import torch\n\ndef f(:\n    pass\n"
+    (project / "broken.py").write_text(broken)
+    proc = run("convert", "--in-place", "broken.py", "train.py", cwd=project)
+    assert proc.returncode == 123
+    assert b"broken.py:3:" in proc.stderr
+    assert (project / "broken.py").read_text() == broken
+    assert (project / "train.py").read_text() == CONVERTED
+
+
+def test_error_beats_check(project: Path) -> None:
+    (project / "broken.py").write_text("x = (\n")
+    proc = run("convert", "--check", "broken.py", "train.py", cwd=project)
+    assert proc.returncode == 123
+
+
+def test_missing_file_exit_123(project: Path) -> None:
+    proc = run("convert", "nope.py", "train.py", cwd=project)
+    assert proc.returncode == 123
+    assert b"nope.py" in proc.stderr
+    assert proc.stdout.startswith(b"--- a/train.py")
+
+
+def test_crlf_is_kept(project: Path) -> None:
+    crlf = TRAIN.replace("\n", "\r\n").encode()
+    (project / "train.py").write_bytes(crlf)
+    proc = run("convert", "--in-place", "train.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    data = (project / "train.py").read_bytes()
+    assert data.count(b"\r\n") == data.count(b"\n")
+    assert data.decode().replace("\r\n", "\n") == CONVERTED
+    assert b"accelerator = Accelerator()\r\n" in data
+
+
+def test_encoding_and_bom_are_kept(project: Path) -> None:
+    latin = "# -*- coding: latin-1 -*-\n# Entraînement\n" + TRAIN
+    (project / "train.py").write_bytes(latin.encode("latin-1"))
+    (project / "bom.py").write_bytes(b"\xef\xbb\xbf" + TRAIN.encode())
+    proc = run("convert", "--in-place", "train.py", "bom.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    out = (project / "train.py").read_bytes()
+    assert "# Entraînement\n".encode("latin-1") in out and b"accelerator.backward(loss)" in out
+    assert (project / "bom.py").read_bytes().startswith(b"\xef\xbb\xbf")
+
+
+def test_file_mode_is_kept(project: Path) -> None:
+    target = project / "train.py"
+    target.chmod(0o755)
+    run("convert", "--in-place", "train.py", cwd=project)
+    assert target.stat().st_mode & 0o777 == 0o755
+
+
+def test_rules_lists_every_code_and_shows_examples(project: Path) -> None:
+    proc = run("rules", cwd=project)
+    listed = [line.split()[0] for line in proc.stdout.decode().splitlines()]
+    assert listed == ["ACC001", "ACC002", "ACC003", "ACC004", "ACC005"]
+    one = run("rules", "acc005", cwd=project).stdout.decode()
+    assert "Before:" in one and "accelerator.backward(loss)" in one
+
+
+def test_version(project: Path) -> None:
+    from accelify import __version__
+
+    assert run("--version", cwd=project).stdout.decode().strip() == f"accelify {__version__}"
+
+
+def test_converter_never_imports_torch(project: Path) -> None:
+    code = (
+        "import sys\n"
+        "from accelify.cli import app\n"
+        "try:\n"
+        "    app(['convert', 'train.py'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "assert 'torch' not in sys.modules and 'accelerate' not in sys.modules, 'torch imported'\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, timeout=120)
+    assert proc.stdout.decode().strip().endswith("ok"), proc.stderr
+    importtime = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "accelify", "--help"], cwd=project, capture_output=True, timeout=120
+    )
+    assert importtime.returncode == 0
+    assert b"torch" not in importtime.stderr
