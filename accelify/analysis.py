@@ -210,11 +210,11 @@ def iter_statements(
         yield stmt, chain
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             continue
-        for block in _child_blocks(stmt):
+        for block in child_blocks(stmt):
             yield from iter_statements(block, chain)
 
 
-def _child_blocks(stmt: cst.BaseStatement) -> list[cst.IndentedBlock]:
+def child_blocks(stmt: cst.BaseStatement) -> list[cst.IndentedBlock]:
     blocks: list[cst.IndentedBlock] = []
     if isinstance(stmt, cst.BaseCompoundStatement) and isinstance(stmt.body, cst.IndentedBlock):
         blocks.append(stmt.body)
@@ -263,6 +263,46 @@ def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> c
     return expr
 
 
+def setup_blocks(module: cst.Module) -> Iterator[Body]:
+    """Module-scope blocks where training objects can be set up, outermost first.
+
+    Loop bodies, functions and classes are not entered: objects built there are
+    not the script's one set of training objects.
+    """
+
+    def inside(stmt: cst.BaseStatement) -> Iterator[Body]:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While)):
+            return
+        for child in child_blocks(stmt):
+            yield child
+            for inner in child.body:
+                yield from inside(inner)
+
+    yield module
+    for stmt in module.body:
+        yield from inside(stmt)
+
+
+def locate_setup(module: cst.Module, names: set[str]) -> Optional[tuple[Body, int]]:
+    """The deepest block that binds every name, and the index just after the last binding."""
+    best: Optional[tuple[Body, int]] = None
+    for block in setup_blocks(module):  # outermost first: a later match is nested in an earlier one
+        hits = [i for i, stmt in enumerate(block.body) if binds(stmt, names)]
+        if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
+            best = (block, hits[-1] + 1)
+    return best
+
+
+def loop_over(visitor: cst.MetadataDependent, stmts: Sequence[cst.BaseStatement], loaders: set[str]) -> Optional[cst.For]:
+    """The first ``for`` loop in ``stmts`` that iterates one of ``loaders``."""
+    for stmt in stmts:
+        for loop in m.findall(stmt, m.For()):
+            source = peel_iterable(visitor, loop.iter)  # type: ignore[attr-defined]
+            if isinstance(source, cst.Name) and source.value in loaders:
+                return loop  # type: ignore[return-value]
+    return None
+
+
 # --------------------------------------------------------------------------
 # the plan
 
@@ -294,6 +334,11 @@ class Plan:
     @property
     def prepared(self) -> list[str]:
         return [*self.dataloaders, *self.models, *self.optimizers, *self.schedulers]
+
+
+def plan_core(plan: Plan) -> list[str]:
+    """Dataloaders, models, optimizers: the objects that decide where ``prepare`` goes."""
+    return [*plan.dataloaders, *plan.models, *plan.optimizers]
 
 
 class _Analyzer(m.MatcherDecoratableVisitor):
@@ -438,12 +483,38 @@ class _Analyzer(m.MatcherDecoratableVisitor):
             for assign in self.global_assigns.get(model, []):
                 self.creations.setdefault(model, assign)
 
-        problems = [f for f in plan.findings]
-        if any(f.code in ("ACC102", "ACC103") for f in problems):
+        if any(f.code in ("ACC102", "ACC103") for f in plan.findings):
             return plan
         plan.has_prepare = self._has_prepare(module)
+        if not plan.has_prepare and not self._prepare_point_ok(module):
+            return plan
         plan.convertible = True
         return plan
+
+    def _prepare_point_ok(self, module: cst.Module) -> bool:
+        names = [*plan_core(self.plan)]
+        located = locate_setup(module, set(names))
+        if located is None:
+            self.finding(
+                self.creations[self.plan.optimizers[0]],
+                "ACC104",
+                "the dataloaders, models and optimizers are not built in one block; file not converted.",
+                "build them in the same block, then call "
+                f"`{', '.join(names)} = accelerator.prepare({', '.join(names)})` once.",
+            )
+            return False
+        block, index = located
+        loop = loop_over(self, block.body[:index], set(self.plan.dataloaders))
+        if loop is not None:
+            self.finding(
+                loop,
+                "ACC104",
+                "a dataloader is iterated before the last training object is built; file not converted.",
+                "build the dataloaders, model and optimizer first, then call "
+                f"`{', '.join(names)} = accelerator.prepare({', '.join(names)})` before the first loop.",
+            )
+            return False
+        return True
 
     def _all_dataloader_names(self) -> set[str]:
         return {

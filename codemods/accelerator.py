@@ -8,9 +8,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
-from accelify.analysis import binds
+from accelify.analysis import Body as Block
+from accelify.analysis import binds, setup_blocks
 from .base import AccelifyCodemod, insert_paragraph
-from .prepare import Block, _blocks
 
 _IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
 
@@ -51,7 +51,7 @@ class AddAccelerator(AccelifyCodemod):
         names = set(self.plan.prepared) | set(self.plan.optimizers)
         uses = m.Name(self.plan.accelerator)
         best: Optional[tuple[Block, int]] = None
-        for block in _blocks(node):
+        for block in setup_blocks(node):
             hits = [
                 i for i, stmt in enumerate(block.body)
                 if binds(stmt, names) or (not isinstance(stmt, cst.FunctionDef) and m.findall(stmt, uses))

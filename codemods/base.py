@@ -41,7 +41,9 @@ class AccelifyCodemod(ContextAwareTransformer):
 
     Statements are removed by returning them from ``leave_*`` after calling
     :meth:`remove`; the enclosing block then drops them and hands their blank
-    lines and comments to the next statement, so no comment is ever lost.
+    lines and comment lines to the next statement.  A block emptied that way
+    loses its ``if``/``for`` header when the header has no side effects, comments
+    inside the block included; otherwise it keeps a ``pass``.
     """
 
     CODE: ClassVar[str] = ""
@@ -176,8 +178,8 @@ def insert_paragraph(body: Sequence[cst.BaseStatement], index: int, stmt: Statem
     blank = cst.EmptyLine(indent=False)
     stmt = stmt.with_changes(leading_lines=[blank] if index > 0 else [])
     after = list(body[index:])
-    if after and not after[0].leading_lines:
-        after[0] = after[0].with_changes(leading_lines=[blank])
+    if after and (not after[0].leading_lines or after[0].leading_lines[0].comment is not None):
+        after[0] = after[0].with_changes(leading_lines=[blank, *after[0].leading_lines])
     return [*body[:index], stmt, *after]
 
 

@@ -29,6 +29,12 @@ def test_noop_fixture_is_byte_identical(name: str) -> None:
     result = convert(source, name)
     assert result.output == source
     assert not result.changes
+    # A first line `# expect-findings: ACC102 ...` names the findings the file must produce.
+    first = source.splitlines()[0]
+    expected = first.split(":", 1)[1].split() if first.startswith("# expect-findings:") else []
+    assert [f.code for f in result.findings] == expected
+    for finding in result.findings:
+        assert finding.path == name and finding.line > 1 and finding.suggestion
 
 
 def test_fixture_sets_are_not_empty() -> None:
