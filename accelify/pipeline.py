@@ -148,12 +148,14 @@ def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:
 
 
 def _still_parses(source: str, output: str) -> bool:
+    """Does the output compile wherever the input did? (``compile`` also catches what a
+    valid syntax tree can still get wrong, such as ``return`` outside a function.)"""
     try:
-        ast.parse(source)
+        compile(source, "<source>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
         return True  # newer syntax than this interpreter knows: LibCST's own parse must do
     try:
-        ast.parse(output)
+        compile(output, "<output>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
         return False
     return True

@@ -192,3 +192,9 @@ def test_converter_never_imports_torch(project: Path) -> None:
     )
     assert importtime.returncode == 0
     assert b"torch" not in importtime.stderr
+
+
+def test_check_is_clean_on_every_converted_fixture(project: Path) -> None:
+    outputs = sorted(str(p) for p in FIXTURES.glob("*/after.py")) + [str(FIXTURES / "noop")]
+    proc = run("convert", "--check", *outputs, cwd=project)
+    assert proc.returncode == 0, proc.stderr

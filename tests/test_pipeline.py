@@ -1,0 +1,65 @@
+"""The pipeline's guarantees: never raises on user input, never returns code that does not parse."""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+import pytest
+
+import accelify.pipeline as pipeline
+from accelify.codemods import AccelifyCodemod
+from conftest import FIXTURES, ROOT
+
+TRAIN = (FIXTURES / "docs" / "before.py").read_text()
+
+
+class _Broken(AccelifyCodemod):
+    CODE = "ACC999"
+
+    def leave_Expr(self, original_node: cst.Expr, updated_node: cst.Expr) -> cst.BaseSmallStatement:
+        return cst.Return()  # a valid tree, but `return` outside a function does not compile
+
+
+class _Raises(AccelifyCodemod):
+    CODE = "ACC998"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("codemod, message", [(_Broken, "does not parse"), (_Raises, "internal error")])
+def test_a_bad_codemod_never_costs_the_file(monkeypatch, codemod, message) -> None:
+    monkeypatch.setattr(pipeline, "gather_codemods", lambda: (codemod,))
+    result = pipeline.convert_source(TRAIN, "train.py")
+    assert result.error is not None and message in result.error
+    assert result.output == TRAIN and not result.changed
+
+
+@pytest.mark.parametrize(
+    "source, line",
+    [("def f(:\n    pass\n", 1), ("x = 1\ny = (\n", 2), ("import torch\n\n\nclass A:\nreturn 1\n", 5)],
+)
+def test_syntax_errors_are_reported_with_their_line(source: str, line: int) -> None:
+    result = pipeline.convert_source(source, "bad.py")
+    assert result.error is not None and result.error.startswith(f"bad.py:{line}:")
+    assert result.output == source
+
+
+def test_null_bytes_are_an_error_not_a_crash() -> None:
+    result = pipeline.convert_source("x = 1\0\n", "nul.py")
+    assert result.error is not None and result.output == "x = 1\0\n"
+
+
+def test_findings_and_changes_point_at_original_lines() -> None:
+    result = pipeline.convert_source(TRAIN, "train.py")
+    lines = TRAIN.splitlines()
+    by_code = {c.code: c.line for c in result.changes}
+    assert lines[by_code["ACC005"] - 1].strip() == "loss.backward()"
+    assert lines[by_code["ACC002"] - 1].startswith("device = torch.device(")
+
+
+def test_sources_stay_python39_compatible() -> None:
+    for folder in ("accelify", "codemods", "runtime"):
+        for path in (ROOT / folder).glob("*.py"):
+            ast.parse(path.read_text(), filename=str(path), feature_version=(3, 9))
