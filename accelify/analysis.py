@@ -20,14 +20,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import (
-    GlobalScope,
-    MetadataWrapper,
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedNameProvider,
-    ScopeProvider,
-)
+from libcst.metadata import BuiltinScope, ClassScope, FunctionScope, GlobalScope, QualifiedNameProvider, ScopeProvider
 
 # --------------------------------------------------------------------------
 # qualified names
@@ -104,8 +97,11 @@ def root_name(node: cst.BaseExpression) -> Optional[cst.Name]:
 
 
 def assigned_names(target: cst.BaseExpression) -> list[str]:
+    """Names (and ``self.x`` attributes, spelled so) bound by an assignment target."""
     if isinstance(target, cst.Name):
         return [target.value]
+    if m.matches(target, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        return [f"self.{target.attr.value}"]  # type: ignore[attr-defined]
     if isinstance(target, (cst.Tuple, cst.List)):
         out: list[str] = []
         for el in target.elements:
@@ -174,9 +170,10 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
             return None
         if body is None or orelse is None:
             return DeviceKind("other", "conditional device")
-        if body.kind == "auto" and orelse.kind in ("auto", "cpu") and is_availability_check(visitor, expr.test):
+        if body.kind == "auto" and orelse.kind in ("auto", "cpu"):
+            # An availability check, or a flag (`use_cuda`), that becomes `Accelerator(cpu=not flag)`.
             return DeviceKind("auto")
-        return DeviceKind("other", "device chosen by a flag")
+        return DeviceKind("other", "device chosen by a condition accelify cannot map")
     return None
 
 
@@ -263,7 +260,7 @@ def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> c
     return expr
 
 
-def setup_blocks(module: cst.Module) -> Iterator[Body]:
+def setup_blocks(root: Union[cst.Module, cst.FunctionDef]) -> Iterator[Body]:
     """Module-scope blocks where training objects can be set up, outermost first.
 
     Loop bodies, functions and classes are not entered: objects built there are
@@ -278,33 +275,111 @@ def setup_blocks(module: cst.Module) -> Iterator[Body]:
             for inner in child.body:
                 yield from inside(inner)
 
-    yield module
-    for stmt in module.body:
+    top = root if isinstance(root, cst.Module) else root.body
+    if not isinstance(top, (cst.Module, cst.IndentedBlock)):
+        return
+    yield top
+    for stmt in top.body:
         yield from inside(stmt)
 
 
-def locate_setup(module: cst.Module, names: set[str]) -> Optional[tuple[Body, int]]:
+def locate_setup(root: Union[cst.Module, cst.FunctionDef], names: set[str]) -> Optional[tuple[Body, int]]:
     """The deepest block that binds every name, and the index just after the last binding."""
     best: Optional[tuple[Body, int]] = None
-    for block in setup_blocks(module):  # outermost first: a later match is nested in an earlier one
+    for block in setup_blocks(root):  # outermost first: a later match is nested in an earlier one
         hits = [i for i, stmt in enumerate(block.body) if binds(stmt, names)]
         if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
             best = (block, hits[-1] + 1)
     return best
 
 
-def loop_over(visitor: cst.MetadataDependent, stmts: Sequence[cst.BaseStatement], loaders: set[str]) -> Optional[cst.For]:
+def loop_over(visitor: cst.MetadataDependent, stmts: Sequence[cst.BaseStatement], loaders: set[Ref]) -> Optional[cst.For]:
     """The first ``for`` loop in ``stmts`` that iterates one of ``loaders``."""
     for stmt in stmts:
         for loop in m.findall(stmt, m.For()):
-            source = peel_iterable(visitor, loop.iter)  # type: ignore[attr-defined]
-            if isinstance(source, cst.Name) and source.value in loaders:
+            if ref_of(visitor, peel_iterable(visitor, loop.iter)) in loaders:  # type: ignore[attr-defined]
                 return loop  # type: ignore[return-value]
     return None
 
 
 # --------------------------------------------------------------------------
-# the plan
+# references: a training object is known by (scope key, name)
+
+MODULE = "<module>"
+Ref = tuple[str, str]
+
+
+def scope_key(scope: object) -> str:
+    """``"<module>"``, ``"main"``, ``"Trainer.fit"``: stable across passes, unlike scope objects."""
+    names: list[str] = []
+    while scope is not None and not isinstance(scope, GlobalScope):
+        if isinstance(scope, BuiltinScope):
+            return "<builtins>"
+        if isinstance(scope, (FunctionScope, ClassScope)):
+            names.append(scope.name or "?")
+        parent = getattr(scope, "parent", None)
+        scope = None if parent is scope else parent
+    return ".".join(reversed(names)) or MODULE
+
+
+def key_at(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Optional[str]:
+    """The key of the function (or module) whose code ``node`` is."""
+    scope = visitor.get_metadata(ScopeProvider, node, None)
+    return None if scope is None else scope_key(scope)
+
+
+def ref_of(visitor: cst.MetadataDependent, expr: cst.CSTNode) -> Optional[Ref]:
+    """``model`` -> ``("main", "model")``; ``self.model`` -> ``("Trainer", "self.model")``.
+
+    ``None`` when the expression is not a plain name or ``self`` attribute, or when
+    the name can be bound in more than one scope.
+    """
+    if isinstance(expr, cst.Name):
+        scope = visitor.get_metadata(ScopeProvider, expr, None)
+        if scope is None:
+            return None
+        owners = {id(a.scope): a.scope for a in scope[expr.value]}
+        if len(owners) != 1:
+            return None
+        return scope_key(next(iter(owners.values()))), expr.value
+    if m.matches(expr, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        scope = visitor.get_metadata(ScopeProvider, expr.value, None)  # type: ignore[attr-defined]
+        if isinstance(scope, FunctionScope) and isinstance(scope.parent, ClassScope):
+            return scope_key(scope.parent), f"self.{expr.attr.value}"  # type: ignore[attr-defined]
+        parent = getattr(scope, "parent", None)  # a comprehension or nested function in a method
+        while parent is not None and not isinstance(parent, (ClassScope, GlobalScope)):
+            parent = getattr(parent, "parent", None)
+        if isinstance(parent, ClassScope):
+            return scope_key(parent), f"self.{expr.attr.value}"  # type: ignore[attr-defined]
+    return None
+
+
+def receiver_refs(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Iterator[Ref]:
+    """Refs along a receiver chain: ``self.model.encoder[0]`` yields ``self.model``'s ref."""
+    while True:
+        ref = ref_of(visitor, expr)
+        if ref is not None:
+            yield ref
+        if isinstance(expr, (cst.Attribute, cst.Subscript)):
+            expr = expr.value
+        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+            expr = expr.func.value
+        else:
+            return
+
+
+def scope_root(module: cst.Module, key: str) -> Union[cst.Module, cst.FunctionDef, None]:
+    """The node whose body is the scope ``key``: the module, or a (possibly nested) function."""
+    if key == MODULE:
+        return module
+    body: Sequence[cst.BaseStatement] = module.body
+    found: Optional[cst.CSTNode] = None
+    for part in key.split("."):
+        found = next((s for s in body if isinstance(s, (cst.FunctionDef, cst.ClassDef)) and s.name.value == part), None)
+        if found is None:
+            return None
+        body = found.body.body if isinstance(found.body, cst.IndentedBlock) else ()
+    return found if isinstance(found, cst.FunctionDef) else None
 
 
 @dataclass(frozen=True)
@@ -318,280 +393,3 @@ class RawFinding:
     suggestion: str = ""
 
 
-@dataclass
-class Plan:
-    convertible: bool = False
-    accelerator: str = "accelerator"
-    has_accelerator: bool = False
-    has_prepare: bool = False
-    device_vars: set[str] = field(default_factory=set)
-    dataloaders: list[str] = field(default_factory=list)
-    models: list[str] = field(default_factory=list)
-    optimizers: list[str] = field(default_factory=list)
-    schedulers: list[str] = field(default_factory=list)
-    findings: list[RawFinding] = field(default_factory=list)
-
-    @property
-    def prepared(self) -> list[str]:
-        return [*self.dataloaders, *self.models, *self.optimizers, *self.schedulers]
-
-
-def plan_core(plan: Plan) -> list[str]:
-    """Dataloaders, models, optimizers: the objects that decide where ``prepare`` goes."""
-    return [*plan.dataloaders, *plan.models, *plan.optimizers]
-
-
-class _Analyzer(m.MatcherDecoratableVisitor):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider, ParentNodeProvider)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.plan = Plan()
-        # name -> (kind, assign node) for module-level bindings
-        self.global_assigns: dict[str, list[cst.Assign]] = {}
-        self.creations: dict[str, cst.Assign] = {}
-        self.local_optimizers: list[tuple[cst.Assign, str]] = []
-        self.scheduler_steps: dict[str, list[cst.Call]] = {}
-        self.loops: list[cst.For] = []
-
-    # -- helpers
-    def finding(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
-        pos = self.get_metadata(PositionProvider, node).start
-        self.plan.findings.append(RawFinding(pos.line, pos.column + 1, code, message, suggestion))
-
-    def _enclosing_function(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None:
-            if isinstance(parent, cst.FunctionDef):
-                return parent
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
-        return None
-
-    # -- visits
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if not is_global(self, node):
-            if isinstance(node.value, cst.Call) and self._optimizer_models(node.value) is not None:
-                func = self._enclosing_function(node)
-                self.local_optimizers.append((node, func.name.value if func else "?"))
-            return
-        for target in node.targets:
-            for name in assigned_names(target.target):
-                self.global_assigns.setdefault(name, []).append(node)
-
-    def visit_For(self, node: cst.For) -> None:
-        self.loops.append(node)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name("step"))):
-            self.scheduler_steps.setdefault(func.value.value, []).append(node)
-
-    # -- classification
-    def _optimizer_models(self, call: cst.Call) -> Optional[list[cst.Name]]:
-        """The models an optimizer construction trains, or ``None`` if ``call`` is no optimizer."""
-        names = qualified_names(self, call.func)
-        if not names or any(n.startswith(TORCH_SCHEDULER_PREFIX) or n.startswith("builtins.") for n in names):
-            return None
-        models = [n for arg in call.args for n in _parameters_receivers(arg.value)]
-        is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
-        looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
-        if (is_torch_optim or looks_like_optim) and models:
-            return models
-        if is_torch_optim:
-            return []
-        return None
-
-    def _is_scheduler(self, call: cst.Call, optimizers: set[str]) -> bool:
-        names = qualified_names(self, call.func)
-        if any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names):
-            return True
-        args = call.args
-        if args and args[0].keyword is None and m.matches(args[0].value, m.Name()):
-            if args[0].value.value in optimizers:  # type: ignore[attr-defined]
-                return True
-        return any(
-            arg.keyword is not None
-            and arg.keyword.value == "optimizer"
-            and isinstance(arg.value, cst.Name)
-            and arg.value.value in optimizers
-            for arg in args
-        )
-
-    def leave_Module(self, original_node: cst.Module) -> None:
-        self.finish(original_node)  # metadata is only available during the visit
-
-    def finish(self, module: cst.Module) -> Plan:
-        plan = self.plan
-        # An existing Accelerator: reuse its name, never build a second one.
-        for name, assigns in self.global_assigns.items():
-            for assign in assigns:
-                if isinstance(assign.value, cst.Call) and has_qname(self, assign.value.func, ACCELERATOR_CLASS):
-                    plan.accelerator, plan.has_accelerator = name, True
-        if not plan.has_accelerator and "accelerator" in self.global_assigns:
-            self.finding(
-                self.global_assigns["accelerator"][0],
-                "ACC100",
-                "the name `accelerator` is already bound to something else; file not converted.",
-                "rename that variable, then run accelify again.",
-            )
-            return plan
-
-        # Optimizers and the models they train.
-        for name, assigns in self.global_assigns.items():
-            for assign in assigns:
-                if isinstance(assign.value, cst.Call) and isinstance(assign.targets[0].target, cst.Name):
-                    models = self._optimizer_models(assign.value)
-                    if models is not None:
-                        plan.optimizers.append(name)
-                        self.creations[name] = assign
-                        for model in models:
-                            if model.value not in plan.models and resolves_to_global(self, model):
-                                plan.models.append(model.value)
-        if not plan.optimizers:
-            for assign, func in self.local_optimizers[:1]:
-                self.finding(
-                    assign,
-                    "ACC101",
-                    f"the training objects are built inside function `{func}()`; only module-level training "
-                    "scripts are converted so far. File left unchanged.",
-                    "create `accelerator = Accelerator()` in that function, pass the dataloaders, model and "
-                    "optimizer through `accelerator.prepare(...)` and call `accelerator.backward(loss)`.",
-                )
-            return plan
-        plan.optimizers.sort(key=lambda n: self._line(self.creations[n]))
-
-        # Dataloaders, schedulers, devices.
-        optimizer_set = set(plan.optimizers)
-        for name, assigns in self.global_assigns.items():
-            for assign in assigns:
-                value = assign.value
-                single = len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)
-                if isinstance(value, cst.Call) and single and has_qname(self, value.func, DATALOADERS):
-                    plan.dataloaders.append(name)
-                    self.creations[name] = assign
-                elif isinstance(value, cst.Call) and single and name not in optimizer_set and self._is_scheduler(
-                    value, optimizer_set
-                ):
-                    self.creations[name] = assign
-                    if self._stepped_per_batch(name, set(plan.dataloaders) | self._all_dataloader_names()):
-                        plan.schedulers.append(name)
-                kind = classify_device(self, value) if single else None
-                if kind is not None:
-                    self._device(name, assign, kind, len(assigns))
-        plan.dataloaders.sort(key=lambda n: self._line(self.creations[n]))
-        for model in plan.models:
-            for assign in self.global_assigns.get(model, []):
-                self.creations.setdefault(model, assign)
-
-        if any(f.code in ("ACC102", "ACC103") for f in plan.findings):
-            return plan
-        plan.has_prepare = self._has_prepare(module)
-        if not plan.has_prepare and not self._prepare_point_ok(module):
-            return plan
-        plan.convertible = True
-        return plan
-
-    def _prepare_point_ok(self, module: cst.Module) -> bool:
-        names = [*plan_core(self.plan)]
-        located = locate_setup(module, set(names))
-        if located is None:
-            self.finding(
-                self.creations[self.plan.optimizers[0]],
-                "ACC104",
-                "the dataloaders, models and optimizers are not built in one block; file not converted.",
-                "build them in the same block, then call "
-                f"`{', '.join(names)} = accelerator.prepare({', '.join(names)})` once.",
-            )
-            return False
-        block, index = located
-        loop = loop_over(self, block.body[:index], set(self.plan.dataloaders))
-        if loop is not None:
-            self.finding(
-                loop,
-                "ACC104",
-                "a dataloader is iterated before the last training object is built; file not converted.",
-                "build the dataloaders, model and optimizer first, then call "
-                f"`{', '.join(names)} = accelerator.prepare({', '.join(names)})` before the first loop.",
-            )
-            return False
-        return True
-
-    def _all_dataloader_names(self) -> set[str]:
-        return {
-            name
-            for name, assigns in self.global_assigns.items()
-            for a in assigns
-            if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, DATALOADERS)
-        }
-
-    def _stepped_per_batch(self, scheduler: str, loaders: set[str]) -> bool:
-        """A scheduler is stepped per optimizer step when its ``.step()`` sits in a loop over a dataloader."""
-        steps = self.scheduler_steps.get(scheduler, [])
-        if not steps:
-            return False
-        for step in steps:
-            parent = self.get_metadata(ParentNodeProvider, step, None)
-            inside = False
-            while parent is not None:
-                if isinstance(parent, cst.For):
-                    source = peel_iterable(self, parent.iter)
-                    if isinstance(source, cst.Name) and source.value in loaders:
-                        inside = True
-                        break
-                parent = self.get_metadata(ParentNodeProvider, parent, None)
-            if not inside:
-                return False
-        return True
-
-    def _device(self, name: str, assign: cst.Assign, kind: DeviceKind, n_assigns: int) -> None:
-        if kind.kind == "auto" and n_assigns == 1:
-            self.plan.device_vars.add(name)
-        elif kind.kind == "auto":
-            self.finding(
-                assign,
-                "ACC103",
-                f"`{name}` is assigned more than once; device handling left as it is. File not converted.",
-                "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.",
-            )
-        elif kind.kind == "cpu":
-            self.finding(
-                assign,
-                "ACC102",
-                f"`{name}` forces the CPU; converting would move training to the accelerator. File not converted.",
-                "use `Accelerator(cpu=True)` to keep training on the CPU.",
-            )
-        else:
-            self.finding(
-                assign,
-                "ACC102",
-                f"`{name}` is a {kind.detail}, not the automatic choice Accelerate makes. File not converted.",
-                "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.",
-            )
-
-    def _has_prepare(self, module: cst.Module) -> bool:
-        name = self.plan.accelerator
-        return bool(
-            m.findall(module, m.Call(func=m.Attribute(value=m.Name(name), attr=m.Name("prepare"))))
-        )
-
-    def _line(self, node: cst.CSTNode) -> int:
-        return self.get_metadata(PositionProvider, node).start.line
-
-
-def _parameters_receivers(expr: cst.BaseExpression) -> list[cst.Name]:
-    """``model.parameters()`` anywhere in an optimizer's params argument -> ``model``."""
-    found = m.findall(
-        expr,
-        m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("parameters") | m.Name("named_parameters"))),
-    )
-    return [call.func.value for call in found]  # type: ignore[union-attr]
-
-
-def analyze(wrapper: MetadataWrapper) -> Plan:
-    analyzer = _Analyzer()
-    wrapper.visit(analyzer)
-    return analyzer.plan
-
-
-def body_index(body: Sequence[cst.BaseStatement], names: set[str]) -> list[int]:
-    return [i for i, stmt in enumerate(body) if binds(stmt, names)]

@@ -21,7 +21,8 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
-from accelify.analysis import RawFinding, analyze
+from accelify.analysis import RawFinding
+from accelify.plan import analyze
 from accelify.codemods import gather_codemods
 from accelify.report import Change, Finding
 

@@ -8,19 +8,23 @@ from __future__ import annotations
 from .accelerator import AddAccelerator
 from .backward import Backward
 from .base import AccelifyCodemod
+from .data_parallel import DataParallel
 from .device import RemoveDevice
 from .placement import RemovePlacement
 from .prepare import Prepare
 
 # The order matters:
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
+#    DataParallel right after, so `model = nn.DataParallel(model).to(device)` loses both;
 # 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
 #    assignment goes;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
 # 4. backward is independent;
 # 5. the Accelerator last: it goes before the first statement that uses it, which the
 #    earlier passes create. The import visitors run after all of them (in the pipeline).
-CODEMODS: tuple[type[AccelifyCodemod], ...] = (RemovePlacement, RemoveDevice, Prepare, Backward, AddAccelerator)
+CODEMODS: tuple[type[AccelifyCodemod], ...] = (
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, AddAccelerator,
+)
 
 
 def gather_codemods() -> tuple[type[AccelifyCodemod], ...]:

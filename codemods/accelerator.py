@@ -9,7 +9,7 @@ import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import Body as Block
-from accelify.analysis import binds, setup_blocks
+from accelify.analysis import binds, scope_root, setup_blocks
 from .base import AccelifyCodemod, insert_paragraph
 
 _IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
@@ -48,10 +48,18 @@ class AddAccelerator(AccelifyCodemod):
         self._target: Optional[Block] = None
         if self.plan.has_accelerator:
             return
-        names = set(self.plan.prepared) | set(self.plan.optimizers)
-        uses = m.Name(self.plan.accelerator)
+        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+        creation = m.Assign(value=m.Call(func=m.Name("Accelerator")))
+        if m.findall(node, creation):
+            return  # the device codemod already created it where the device was
+        root = scope_root(node, self.plan.setup)
+        if root is None:
+            return
+        names = set(self.plan.core())
+        uses = m.Name(self.plan.accelerator.split(".")[0]) if not self.plan.class_mode else m.Attribute(
+            value=m.Name("self"), attr=m.Name("accelerator"))
         best: Optional[tuple[Block, int]] = None
-        for block in setup_blocks(node):
+        for block in setup_blocks(root):
             hits = [
                 i for i, stmt in enumerate(block.body)
                 if binds(stmt, names) or (not isinstance(stmt, cst.FunctionDef) and m.findall(stmt, uses))
@@ -66,12 +74,13 @@ class AddAccelerator(AccelifyCodemod):
             if imports:
                 index = imports[-1] + 1
         self._target, self._index = block, index
-        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
 
     def _insert(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         anchor = original.body[min(self._index, len(original.body) - 1)]
         self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
-        return insert_paragraph(body, self._index, self.parse_statement(f"{self.plan.accelerator} = Accelerator()\n"))
+        args = f"cpu={self.plan.cpu_flag}" if self.plan.cpu_flag else ""
+        statement = self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
+        return insert_paragraph(body, self._index, statement)
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         if original_node is self._target:

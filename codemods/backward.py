@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import GlobalScope, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from .base import AccelifyCodemod, accelerator_attr
 
@@ -45,7 +45,7 @@ class Backward(AccelifyCodemod):
         if not m.matches(original_node.func, m.Attribute(attr=m.Name("backward"))):
             return updated_node
         receiver = original_node.func.value  # type: ignore[union-attr]
-        if m.matches(receiver, m.Name(self.plan.accelerator)):
+        if cst.Module(body=[]).code_for_node(receiver) in (self.plan.accelerator, "accelerator"):
             return updated_node
         if any(q.source is QualifiedNameSource.IMPORT for q in self.get_metadata(QualifiedNameProvider, receiver, set())):
             return updated_node  # torch.autograd.backward(...) is a function, not a tensor method
@@ -58,13 +58,13 @@ class Backward(AccelifyCodemod):
                 "`accelerator.backward(loss)`.",
             )
             return updated_node
-        scope = self.get_metadata(ScopeProvider, original_node, None)
-        if scope is None or any(not isinstance(a.scope, GlobalScope) for a in scope[self.plan.accelerator]):
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
             self.finding(
                 original_node,
                 "ACC106",
-                f"`{self.plan.accelerator}` is a local name here; backward left as it is.",
-                f"call `{self.plan.accelerator}.backward(loss)` with the script's Accelerator.",
+                "backward left as it is: this code cannot reach the script's Accelerator.",
+                "pass the accelerator to this function and call `accelerator.backward(loss)`.",
             )
             return updated_node
         args = [cst.Arg(updated_node.func.value)]  # type: ignore[union-attr]
@@ -77,4 +77,4 @@ class Backward(AccelifyCodemod):
             args.append(arg)
         args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         self.change(original_node, "`.backward()` -> `accelerator.backward(...)`")
-        return updated_node.with_changes(func=accelerator_attr(self.plan, "backward"), args=args)
+        return updated_node.with_changes(func=accelerator_attr(accelerator, "backward"), args=args)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import textwrap
-from typing import ClassVar, Sequence, Union
+from typing import ClassVar, Optional, Sequence, Union
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod import CodemodContext, ContextAwareTransformer
+from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import Plan, RawFinding
+from accelify.analysis import RawFinding, key_at, scope_key
+from accelify.plan import Plan
 from accelify.report import Change
 
 Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
@@ -85,6 +88,21 @@ class AccelifyCodemod(ContextAwareTransformer):
         line, col = self.line_of(node)
         self.findings.append(RawFinding(line, col, code, message, suggestion))
 
+    def accelerator_at(self, node: cst.CSTNode) -> Optional[str]:
+        """How the code at ``node`` spells the Accelerator, or None where it cannot reach one."""
+        key = key_at(self, node)
+        acc = self.plan.accelerator_in(key)
+        if acc is None or acc.startswith("self."):
+            return acc
+        scope = self.get_metadata(ScopeProvider, node, None)
+        if scope is None:
+            return None
+        # A local that merely shares the name would shadow the setup scope's Accelerator.
+        allowed = {self.plan.setup, key}
+        if all(scope_key(a.scope) in allowed for a in scope[acc]):
+            return acc
+        return None
+
     # ------------------------------------------------------------------ statements
     def remove(self, updated: Statement) -> Statement:
         """Mark a statement (the ``updated_node`` being returned) for removal."""
@@ -137,6 +155,7 @@ class AccelifyCodemod(ContextAwareTransformer):
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.BaseStatement]:
         if self.emptied(updated_node.body) and updated_node.orelse is None and _side_effect_free(updated_node.iter):
+            RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node)
             return self.remove(updated_node)
         return updated_node
 
@@ -144,6 +163,7 @@ class AccelifyCodemod(ContextAwareTransformer):
         if self.emptied(updated_node.body) and updated_node.orelse is None and _side_effect_free(updated_node.test):
             parent = self.get_metadata(ParentNodeProvider, original_node, None)
             if not isinstance(parent, cst.If):  # an `elif` cannot be dropped on its own
+                RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node)
                 return self.remove(updated_node)
         return updated_node
 
@@ -183,6 +203,48 @@ def insert_paragraph(body: Sequence[cst.BaseStatement], index: int, stmt: Statem
     return [*body[:index], stmt, *after]
 
 
-def accelerator_attr(plan: Plan, attr: str) -> cst.Attribute:
-    return cst.Attribute(value=cst.Name(plan.accelerator), attr=cst.Name(attr))
+def accelerator_attr(accelerator: str, attr: str) -> cst.Attribute:
+    """``accelerator.device`` / ``self.accelerator.device`` as a node."""
+    return cst.parse_expression(f"{accelerator}.{attr}")  # type: ignore[return-value]
 
+
+def _code(node: cst.CSTNode) -> str:
+    text = cst.Module(body=[]).code_for_node(node)
+    return "".join(text.split()).strip("()")
+
+
+def is_noop(small: cst.BaseSmallStatement) -> bool:
+    """What a stripped placement statement becomes when it no longer does anything."""
+    if isinstance(small, cst.Expr):
+        return isinstance(small.value, (cst.Name, cst.Attribute, cst.Subscript))
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return False
+    target, value = small.targets[0].target, small.value
+    if _code(target) == _code(value):
+        return True
+    # batch = {k: v for k, v in batch.items()}
+    if m.matches(
+        value,
+        m.DictComp(
+            key=m.Name(), value=m.Name(),
+            for_in=m.CompFor(
+                target=m.Tuple(elements=[m.Element(m.Name()), m.Element(m.Name())]),
+                iter=m.Call(func=m.Attribute(attr=m.Name("items")), args=[]),
+                inner_for_in=None, ifs=[],
+            ),
+        ),
+    ):
+        k, v = (e.value.value for e in value.for_in.target.elements)  # type: ignore[union-attr]
+        if (value.key.value, value.value.value) == (k, v):  # type: ignore[union-attr]
+            return _code(value.for_in.iter.func.value) == _code(target)  # type: ignore[union-attr]
+    # batch = [t for t in batch] / tuple(t for t in batch)
+    comp = value
+    if m.matches(value, m.Call(func=m.Name("tuple") | m.Name("list"), args=[m.Arg(m.GeneratorExp() | m.ListComp())])):
+        comp = value.args[0].value  # type: ignore[union-attr]
+    if isinstance(comp, (cst.ListComp, cst.GeneratorExp)) and comp.for_in.inner_for_in is None and not comp.for_in.ifs:
+        return (
+            isinstance(comp.elt, cst.Name)
+            and _code(comp.elt) == _code(comp.for_in.target)
+            and _code(comp.for_in.iter) == _code(target)
+        )
+    return False

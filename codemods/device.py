@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import ScopeProvider
+from libcst.metadata import ExpressionContext, ExpressionContextProvider
 
-from accelify.analysis import is_global, simple_assign
+from accelify.analysis import MODULE, key_at, ref_of, simple_assign
+from accelify.plan import _bind, _param_names
+
 from .base import AccelifyCodemod, accelerator_attr
 
 
@@ -18,8 +21,13 @@ class RemoveDevice(AccelifyCodemod):
     Recognised: ``torch.device("cuda")``, ``"cuda:0"``, ``"cuda" if torch.cuda.is_available()
     else "cpu"`` (as a string or inside ``torch.device``), ``torch.device("cuda") if ...
     else torch.device("cpu")``, ``mps``/``xpu`` checks and
-    ``torch.accelerator.current_accelerator()``.  A device forced to the CPU, chosen
-    by a flag or by a rank is reported (ACC102) and the file is left alone.
+    ``torch.accelerator.current_accelerator()``.  A device chosen by a flag
+    (``"cuda" if use_cuda else "cpu"``, or an ``if``/``else``) keeps the flag as
+    ``Accelerator(cpu=not use_cuda)``, created where the device was.  A helper
+    function's ``device`` parameter becomes ``accelerator`` when the function needs
+    it for the backward pass, and disappears (with the matching arguments) when
+    nothing uses it any more.  A device forced to the CPU or chosen per rank is
+    reported (ACC102) and the file is left alone.
 
     Before::
 
@@ -43,32 +51,151 @@ class RemoveDevice(AccelifyCodemod):
     NAME = "remove-device"
     DESCRIPTION = "Remove device construction; remaining uses of the device become accelerator.device."
 
+    METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
+
     def visit_Module(self, node: cst.Module) -> None:
-        scope = self.get_metadata(ScopeProvider, node)
-        self._uses: set[int] = set()
-        for name in self.plan.device_vars:
-            for assignment in scope.assignments[name]:
-                for access in assignment.references:
-                    self._uses.add(id(access.node))
+        self._devices = self.plan.refs(sorted(self.plan.devices))
+        self._created = False
+        # helper -> {param: "rename" | "remove" | "keep"}
+        self._actions: dict[str, dict[str, str]] = {}
+        functions = {s.name.value: s for s in node.body if isinstance(s, cst.FunctionDef)}
+        for key, params in self.plan.device_params.items():
+            func = functions.get(key)
+            if func is None:
+                continue
+            actions: dict[str, str] = {}
+            for i, param in enumerate(params):
+                used = self._remaining_uses(func, key, param)
+                if i == 0 and key in self.plan.needs_accelerator and "accelerator" not in _param_names(func):
+                    actions[param] = "rename"
+                elif not used:
+                    actions[param] = "remove"
+            if actions:
+                self._actions[key] = actions
+                self._functions = functions
+
+    def _remaining_uses(self, func: cst.FunctionDef, key: str, param: str) -> bool:
+        return any(
+            ref_of(self, name) == (key, param)
+            and self.get_metadata(ExpressionContextProvider, name, None) == ExpressionContext.LOAD
+            for name in m.findall(func.body, m.Name(param))
+        )
+
+    # ------------------------------------------------------------------ uses
+    def _replacement(self, node: cst.CSTNode) -> Optional[str]:
+        """The accelerator spelling that replaces this device use, if it is one."""
+        if self.get_metadata(ExpressionContextProvider, node, None) != ExpressionContext.LOAD:
+            return None
+        ref = ref_of(self, node)
+        if ref in self._devices:
+            return self.plan.accelerator
+        if ref is not None and self._actions.get(ref[0], {}).get(ref[1]) == "rename":
+            return "accelerator"
+        return None
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Union[cst.Name, cst.Attribute]:
-        if id(original_node) in self._uses:
-            self.change(original_node, f"`{original_node.value}` -> `{self.plan.accelerator}.device`")
-            return accelerator_attr(self.plan, "device")
-        return updated_node
+        accelerator = self._replacement(original_node)
+        if accelerator is None:
+            return updated_node
+        self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device`")
+        return accelerator_attr(accelerator, "device")
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if not isinstance(original_node.value, cst.Name) or original_node.value.value != "self":
+            return updated_node
+        accelerator = self._replacement(original_node)
+        if accelerator is None:
+            return updated_node
+        self.change(original_node, f"`self.{original_node.attr.value}` -> `{accelerator}.device`")
+        return accelerator_attr(accelerator, "device")
+
+    # ------------------------------------------------------------------ the device statement(s)
+    def _is_device_assignment(self, stmt: cst.BaseStatement) -> bool:
+        assign = simple_assign(stmt)
+        return (
+            assign is not None
+            and len(assign.targets) == 1
+            and ref_of(self, assign.targets[0].target) in self._devices
+        )
+
+    def _creation(self) -> Optional[cst.BaseStatement]:
+        """Where the Accelerator must take the device's place: a flag, a function or a class."""
+        if self._created or self.plan.has_accelerator:
+            return None
+        if self.plan.setup == MODULE and self.plan.cpu_flag is None:
+            return None  # module level: the Accelerator goes after the imports, as in the docs
+        self._created = True
+        args = f"cpu={self.plan.cpu_flag}" if self.plan.cpu_flag else ""
+        return self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
+
+    def _replace_or_remove(self, original: cst.BaseStatement, updated: cst.BaseStatement) -> cst.BaseStatement:
+        RemoveImportsVisitor.remove_unused_import_by_node(self.context, original)
+        creation = self._creation()
+        if creation is not None:
+            self.change(original, f"device construction replaced by `{self.plan.accelerator} = Accelerator()`")
+            return creation.with_changes(leading_lines=updated.leading_lines)
+        self.change(original, "device construction removed: the Accelerator picks the device")
+        return self.remove(updated)
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.SimpleStatementLine:
-        assign = simple_assign(original_node)
-        if (
-            assign is not None
-            and len(assign.targets) == 1
-            and isinstance(assign.targets[0].target, cst.Name)
-            and assign.targets[0].target.value in self.plan.device_vars
-            and is_global(self, assign)
-        ):
-            RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node)
-            self.change(original_node, "device construction removed: the Accelerator picks the device")
-            return self.remove(updated_node)
+    ) -> cst.BaseStatement:
+        if self._is_device_assignment(original_node):
+            return self._replace_or_remove(original_node, updated_node)
         return updated_node
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
+        # if use_accel: device = ... else: device = torch.device("cpu")
+        if isinstance(original_node.orelse, cst.Else) and all(
+            self._is_device_assignment(s) for s in (*original_node.body.body, *original_node.orelse.body.body)
+        ):
+            return self._replace_or_remove(original_node, updated_node)
+        return super().leave_If(original_node, updated_node)
+
+    # ------------------------------------------------------------------ helper signatures and calls
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        actions = self._actions.get(original_node.name.value)
+        if not actions or key_at(self, original_node) != MODULE:
+            return updated_node
+        params = []
+        for param in updated_node.params.params:
+            action = actions.get(param.name.value)
+            if action == "remove":
+                self.change(original_node, f"unused parameter `{param.name.value}` removed")
+                continue
+            if action == "rename":
+                self.change(original_node, f"parameter `{param.name.value}` -> `accelerator`")
+                param = param.with_changes(name=cst.Name("accelerator"))
+            params.append(param)
+        old = updated_node.params.params
+        if params and old and params[-1] is not old[-1]:  # the last one went: do not leave its comma dangling
+            params[-1] = params[-1].with_changes(comma=old[-1].comma)
+        return updated_node.with_changes(params=updated_node.params.with_changes(params=params))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = original_node.func
+        if not isinstance(func, cst.Name) or func.value not in self._actions:
+            return updated_node
+        if ref_of(self, func) != (MODULE, func.value):
+            return updated_node
+        definition = self._functions[func.value]
+        bound = _bind(definition, original_node)
+        if bound is None:
+            return updated_node
+        by_arg = {id(value): name for name, value in bound.items()}
+        actions = self._actions[func.value]
+        args = []
+        for original_arg, arg in zip(original_node.args, updated_node.args):
+            action = actions.get(by_arg.get(id(original_arg.value), ""))
+            if action == "remove":
+                continue
+            if action == "rename":
+                accelerator = self.accelerator_at(original_node) or "accelerator"
+                arg = arg.with_changes(value=cst.parse_expression(accelerator))
+                if arg.keyword is not None:
+                    arg = arg.with_changes(keyword=cst.Name("accelerator"))
+            args.append(arg)
+        if args and updated_node.args and args[-1] is not updated_node.args[-1]:
+            args[-1] = args[-1].with_changes(comma=updated_node.args[-1].comma)
+        return updated_node.with_changes(args=args)
+

@@ -6,6 +6,7 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from accelify.analysis import (
@@ -13,11 +14,12 @@ from accelify.analysis import (
     classify_device,
     iter_statements,
     peel_iterable,
-    resolves_to_global,
+    receiver_refs,
+    ref_of,
     root_name,
     simple_assign,
 )
-from .base import AccelifyCodemod, accelerator_attr
+from .base import AccelifyCodemod, accelerator_attr, is_noop
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
 
@@ -73,8 +75,8 @@ class RemovePlacement(AccelifyCodemod):
         return None
 
     def _is_device(self, expr: cst.BaseExpression) -> bool:
-        if isinstance(expr, cst.Name):
-            return expr.value in self.plan.device_vars and resolves_to_global(self, expr)
+        if isinstance(expr, (cst.Name, cst.Attribute)) and ref_of(self, expr) in self.plan.flow["device"]:
+            return True
         kind = classify_device(self, expr)
         return kind is not None and kind.kind == "auto"
 
@@ -135,11 +137,7 @@ class RemovePlacement(AccelifyCodemod):
     def visit_For(self, node: cst.For) -> None:
         source = peel_iterable(self, node.iter)
         seed: set[str] = set()
-        if (
-            isinstance(source, cst.Name)
-            and source.value in self.plan.dataloaders
-            and resolves_to_global(self, source)
-        ):
+        if ref_of(self, source) in self.plan.flow["loader"]:
             seed = set(assigned_names(node.target))
         elif self._is_derived(node.iter, self._current_derived()):
             seed = set(assigned_names(node.target))
@@ -172,12 +170,7 @@ class RemovePlacement(AccelifyCodemod):
         assign = simple_assign(node)
         if assign is None:
             return
-        targets = {n for t in assign.targets for n in assigned_names(t.target)}
-        if not targets & set(self.plan.models):
-            return
-        if not all(
-            isinstance(t.target, cst.Name) and resolves_to_global(self, t.target) for t in assign.targets
-        ):
+        if not all(ref_of(self, t.target) in self.plan.flow["model"] for t in assign.targets):
             return
         # model = Net().to(device) / model = Net().cuda().half(): strip along the method chain.
         node_ = assign.value
@@ -192,15 +185,17 @@ class RemovePlacement(AccelifyCodemod):
         receiver = original_node.func.value  # type: ignore[union-attr]
         root = root_name(receiver)
         strip = id(original_node) in self._strip
-        if not strip and root is not None:
-            if root.value in self._current_derived():
-                strip = True
-            elif root.value in self.plan.models and resolves_to_global(self, root):
-                strip = True
+        if not strip and root is not None and root.value in self._current_derived():
+            strip = True
+        if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)):
+            strip = True
         if strip:
             if self._touched:
                 self._touched[-1] = True
             self.change(original_node, "placement removed: prepare() places this object")
+            device = self._device_arg(original_node)
+            if device is not None:
+                RemoveImportsVisitor.remove_unused_import_by_node(self.context, device.value)
             return self._strip_device(original_node, updated_node)
         return self._to_accelerator_device(original_node, updated_node)
 
@@ -223,71 +218,32 @@ class RemovePlacement(AccelifyCodemod):
         """A placement that stays: make it name the accelerator's device."""
         func = call.func
         assert isinstance(func, cst.Attribute)
+        device = self._device_arg(original)
+        if func.attr.value != "cuda" and (device is None or ref_of(self, device.value) is not None):
+            return call  # a device variable or parameter: the device codemod decides
+        accelerator = self.accelerator_at(original)
+        if accelerator is None:
+            self.finding(
+                original, "ACC109", "placement left as it is: this function cannot reach the Accelerator.",
+                "pass the accelerator (or `accelerator.device`) to this function and place on `accelerator.device`.",
+            )
+            return call
+        target = accelerator_attr(accelerator, "device")
         if func.attr.value == "cuda":
             keep = [a for a in call.args if a.keyword is not None and a.keyword.value == "non_blocking"]
             self.change(original, "`.cuda()` -> `.to(accelerator.device)`")
-            return call.with_changes(
-                func=func.with_changes(attr=cst.Name("to")),
-                args=[cst.Arg(accelerator_attr(self.plan, "device")), *keep],
-            )
-        device = self._device_arg(original)
-        if device is None or isinstance(device.value, cst.Name):
-            return call  # a device variable: the device codemod renames it
+            return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=[cst.Arg(target), *keep])
         index = original.args.index(device)
         self.change(original, "placement kept on `accelerator.device`")
         return call.with_changes(
-            args=[
-                a.with_changes(value=accelerator_attr(self.plan, "device")) if i == index else a
-                for i, a in enumerate(call.args)
-            ]
+            args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.SimpleStatementLine:
         touched = self._touched.pop()
-        if touched and len(updated_node.body) == 1 and _is_noop(updated_node.body[0]):
+        if touched and len(updated_node.body) == 1 and is_noop(updated_node.body[0]):
             return self.remove(updated_node)
         return updated_node
 
-
-def _code(node: cst.CSTNode) -> str:
-    text = cst.Module(body=[]).code_for_node(node)
-    return "".join(text.split()).strip("()")
-
-
-def _is_noop(small: cst.BaseSmallStatement) -> bool:
-    """What a stripped placement statement becomes when it no longer does anything."""
-    if isinstance(small, cst.Expr):
-        return isinstance(small.value, (cst.Name, cst.Attribute, cst.Subscript))
-    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
-        return False
-    target, value = small.targets[0].target, small.value
-    if _code(target) == _code(value):
-        return True
-    # batch = {k: v for k, v in batch.items()}
-    if m.matches(
-        value,
-        m.DictComp(
-            key=m.Name(), value=m.Name(),
-            for_in=m.CompFor(
-                target=m.Tuple(elements=[m.Element(m.Name()), m.Element(m.Name())]),
-                iter=m.Call(func=m.Attribute(attr=m.Name("items")), args=[]),
-                inner_for_in=None, ifs=[],
-            ),
-        ),
-    ):
-        k, v = (e.value.value for e in value.for_in.target.elements)  # type: ignore[union-attr]
-        if (value.key.value, value.value.value) == (k, v):  # type: ignore[union-attr]
-            return _code(value.for_in.iter.func.value) == _code(target)  # type: ignore[union-attr]
-    # batch = [t for t in batch] / tuple(t for t in batch)
-    comp = value
-    if m.matches(value, m.Call(func=m.Name("tuple") | m.Name("list"), args=[m.Arg(m.GeneratorExp() | m.ListComp())])):
-        comp = value.args[0].value  # type: ignore[union-attr]
-    if isinstance(comp, (cst.ListComp, cst.GeneratorExp)) and comp.for_in.inner_for_in is None and not comp.for_in.ifs:
-        return (
-            isinstance(comp.elt, cst.Name)
-            and _code(comp.elt) == _code(comp.for_in.target)
-            and _code(comp.for_in.iter) == _code(target)
-        )
-    return False

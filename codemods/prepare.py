@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 
 from accelify.analysis import Body as Block
-from accelify.analysis import binds, child_blocks, locate_setup, plan_core
+from accelify.analysis import binds, child_blocks, locate_setup, scope_root
 from .base import AccelifyCodemod, insert_paragraph
 
 DEFAULT_LINE_LENGTH = 88
@@ -61,8 +61,14 @@ class Prepare(AccelifyCodemod):
         self._target: Optional[Block] = None
         if self.plan.has_prepare:
             return
-        self._names = plan_core(self.plan)
-        located = locate_setup(node, set(self._names))
+        self._names = self.plan.core()
+        root = scope_root(node, self.plan.setup)
+        if root is None:
+            return
+        anchors = set(self._names)
+        if any(binds(stmt, {self.plan.accelerator}) for stmt in _statements(root)):
+            anchors.add(self.plan.accelerator)  # created where the device was: prepare comes after it
+        located = locate_setup(root, anchors)
         if located is None:  # the analysis already reported why
             return
         block, index = located
@@ -120,3 +126,8 @@ class Prepare(AccelifyCodemod):
         if original_node is self._target:
             return updated_node.with_changes(body=self._insert(original_node, list(updated_node.body)))
         return updated_node
+
+
+def _statements(root: Union[cst.Module, cst.FunctionDef]) -> Sequence[cst.BaseStatement]:
+    body = root if isinstance(root, cst.Module) else root.body
+    return body.body if isinstance(body, (cst.Module, cst.IndentedBlock)) else ()

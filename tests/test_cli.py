@@ -163,7 +163,7 @@ def test_file_mode_is_kept(project: Path) -> None:
 def test_rules_lists_every_code_and_shows_examples(project: Path) -> None:
     proc = run("rules", cwd=project)
     listed = [line.split()[0] for line in proc.stdout.decode().splitlines()]
-    assert listed == ["ACC001", "ACC002", "ACC003", "ACC004", "ACC005"]
+    assert listed == ["ACC001", "ACC002", "ACC003", "ACC004", "ACC005", "ACC006"]
     one = run("rules", "acc005", cwd=project).stdout.decode()
     assert "Before:" in one and "accelerator.backward(loss)" in one
 

@@ -1,0 +1,495 @@
+"""What a correct migration of this file is, decided once before anything is rewritten.
+
+:func:`analyze` finds the scope that builds the training objects (the module, a
+function such as ``main()``, or a class's ``__init__``), the objects themselves,
+the device, and how they flow into helper functions (``train(args, model,
+device, train_loader, optimizer, epoch)``).  The :class:`Plan` it returns holds
+only *refs*, ``(scope key, name)`` pairs such as ``("main", "model")`` or
+``("Trainer", "self.model")``, never nodes: refs stay valid while the codemods
+rewrite the tree pass after pass.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import (
+    GlobalScope,
+    MetadataWrapper,
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
+
+from accelify.analysis import (
+    ACCELERATOR_CLASS,
+    DATALOADERS,
+    MODULE,
+    RawFinding,
+    Ref,
+    assigned_names,
+    classify_device,
+    has_qname,
+    is_availability_check,
+    key_at,
+    locate_setup,
+    loop_over,
+    peel_iterable,
+    qualified_names,
+    ref_of,
+    scope_root,
+)
+
+TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
+_OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
+_SCHEDULER_FACTORY = re.compile(r"(^|\.)get_\w*schedule\w*$")
+KINDS = ("loader", "model", "device")
+
+
+@dataclass
+class Plan:
+    convertible: bool = False
+    #: key of the scope that builds the objects: "<module>", "main", "Trainer.__init__"
+    setup: str = MODULE
+    #: key the objects' refs live in: the setup key, or the class ("Trainer") for self attributes
+    owner: str = MODULE
+    #: how the setup scope spells its Accelerator: "accelerator", "self.accelerator", or an existing name
+    accelerator: str = "accelerator"
+    has_accelerator: bool = False
+    has_prepare: bool = False
+    dataloaders: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    optimizers: list[str] = field(default_factory=list)
+    schedulers: list[str] = field(default_factory=list)
+    devices: set[str] = field(default_factory=set)
+    #: ``Accelerator(cpu=<this>)`` when the device depended on a flag
+    cpu_flag: Optional[str] = None
+    #: every ref of each kind, setup objects and helper parameters alike
+    flow: dict[str, set[Ref]] = field(default_factory=lambda: {k: set() for k in KINDS})
+    #: module-level helper -> its parameters that carry the device
+    device_params: dict[str, list[str]] = field(default_factory=dict)
+    #: module-level helpers that need the accelerator (backward) and get it through a parameter
+    needs_accelerator: set[str] = field(default_factory=set)
+    findings: list[RawFinding] = field(default_factory=list)
+
+    @property
+    def class_mode(self) -> bool:
+        return self.owner != self.setup
+
+    def core(self) -> list[str]:
+        """Dataloaders, models, optimizers: the objects that decide where ``prepare`` goes."""
+        return [*self.dataloaders, *self.models, *self.optimizers]
+
+    def refs(self, names: list[str]) -> set[Ref]:
+        return {(self.owner, n) for n in names}
+
+    def accelerator_in(self, key: Optional[str]) -> Optional[str]:
+        """How code in function ``key`` reaches the Accelerator without a new parameter."""
+        if key is None:
+            return None
+        if self.class_mode:
+            return self.accelerator if key == self.owner or key.startswith(self.owner + ".") else None
+        if key == self.setup or key.startswith(self.setup + ".") or self.setup == MODULE:
+            return self.accelerator
+        if key in self.needs_accelerator:
+            return "accelerator"
+        return None
+
+
+Target = Union[cst.Name, cst.Attribute]
+
+
+class _Analyzer(m.MatcherDecoratableVisitor):
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider, ParentNodeProvider)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plan = Plan()
+        self.assigns: dict[Ref, list[cst.Assign]] = {}
+        self.assign_key: dict[int, Optional[str]] = {}  # id(assign) -> key of the function it is in
+        self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name
+        self.steps: list[cst.Call] = []
+        self.backwards: list[cst.Call] = []
+
+    # ------------------------------------------------------------------ collection
+    def finding(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
+        pos = self.get_metadata(PositionProvider, node).start
+        self.plan.findings.append(RawFinding(pos.line, pos.column + 1, code, message, suggestion))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.assign_key[id(node)] = key_at(self, node)
+        for target in node.targets:
+            for element in _target_elements(target.target):
+                ref = ref_of(self, element)
+                if ref is not None:
+                    self.assigns.setdefault(ref, []).append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
+            self.functions[node.name.value] = node
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if m.matches(node.func, m.Attribute(attr=m.Name("step"))):
+            self.steps.append(node)
+        if m.matches(node.func, m.Attribute(attr=m.Name("backward"))):
+            self.backwards.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self._finish(original_node)  # metadata is only available during the visit
+
+    # ------------------------------------------------------------------ classification
+    def _optimizer_models(self, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
+        """The models an optimizer construction trains, or ``None`` if ``call`` is no optimizer."""
+        names = qualified_names(self, call.func)
+        if not names or any(n.startswith(TORCH_SCHEDULER_PREFIX) or n.startswith("builtins.") for n in names):
+            return None
+        found = [
+            c.func.value  # type: ignore[union-attr]
+            for arg in call.args
+            for c in m.findall(
+                arg.value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
+            )
+        ]
+        is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
+        looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
+        if (is_torch_optim or looks_like_optim) and found:
+            return found
+        return [] if is_torch_optim else None
+
+    def _is_scheduler(self, call: cst.Call, optimizers: set[Ref]) -> bool:
+        names = qualified_names(self, call.func)
+        if any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names):
+            return True
+        for i, arg in enumerate(call.args):
+            positional_first = i == 0 and arg.keyword is None
+            if (positional_first or (arg.keyword is not None and arg.keyword.value == "optimizer")) and ref_of(
+                self, arg.value
+            ) in optimizers:
+                return True
+        return False
+
+    def _single_target(self, assign: cst.Assign) -> Optional[Ref]:
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, (cst.Name, cst.Attribute)):
+            return None
+        return ref_of(self, assign.targets[0].target)
+
+    # ------------------------------------------------------------------ the plan
+    def _finish(self, module: cst.Module) -> None:
+        plan = self.plan
+        optimizers: dict[Ref, tuple[cst.Assign, list[cst.BaseExpression]]] = {}
+        for ref, assigns in self.assigns.items():
+            for assign in assigns:
+                if isinstance(assign.value, cst.Call) and self._single_target(assign) == ref:
+                    models = self._optimizer_models(assign.value)
+                    if models is not None:
+                        optimizers[ref] = (assign, models)
+        if not optimizers:
+            return
+        owners = {ref[0] for ref in optimizers}
+        setups = {self.assign_key[id(a)] for a, _ in optimizers.values()}
+        first = min((a for a, _ in optimizers.values()), key=self._line)
+        if len(owners) != 1 or len(setups) != 1 or None in setups:
+            self.finding(
+                first, "ACC107", "optimizers are built in more than one place; file not converted.",
+                "build all training objects in one function and pass them through one `accelerator.prepare(...)`.",
+            )
+            return
+        plan.owner, plan.setup = owners.pop(), setups.pop()  # type: ignore[assignment]
+        if plan.class_mode and not plan.setup.endswith(".__init__"):
+            self.finding(first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`; file not converted.",
+                         "build the model, optimizer and dataloaders in `__init__`.")
+            return
+        self._existing_accelerator()
+        if any(f.code == "ACC100" for f in plan.findings):
+            return
+
+        in_owner = {ref: assigns for ref, assigns in self.assigns.items() if ref[0] == plan.owner}
+        plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: self._line(optimizers[r][0]))]
+        for _, models in sorted(optimizers.values(), key=lambda v: self._line(v[0])):
+            for model in models:
+                ref = ref_of(self, model)
+                if ref is not None and ref[0] == plan.owner and ref[1] not in plan.models:
+                    plan.models.append(ref[1])
+        loaders = [
+            (ref, a) for ref, assigns in in_owner.items() for a in assigns
+            if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, DATALOADERS)
+            and self._single_target(a) == ref
+        ]
+        plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self._line(x[1])))
+        plan.flow["loader"] = plan.refs(plan.dataloaders)
+        plan.flow["model"] = plan.refs(plan.models)
+        if not self._devices(in_owner):
+            return
+        plan.flow["device"] = plan.refs(sorted(plan.devices))
+        self._helpers()
+        self._schedulers(in_owner, set(optimizers))
+        plan.has_prepare = self._has_prepare(module)
+        if not plan.has_prepare and not self._prepare_point_ok(module):
+            return
+        self._needs_accelerator()
+        plan.convertible = True
+
+    def _existing_accelerator(self) -> None:
+        plan = self.plan
+        for ref, assigns in self.assigns.items():
+            for assign in assigns:
+                if isinstance(assign.value, cst.Call) and has_qname(self, assign.value.func, ACCELERATOR_CLASS):
+                    if ref[0] == plan.owner:
+                        plan.accelerator, plan.has_accelerator = ref[1], True
+        wanted = "self.accelerator" if plan.class_mode else "accelerator"
+        if not plan.has_accelerator:
+            plan.accelerator = wanted
+            taken = self.assigns.get((plan.owner, wanted)) or (
+                self.assigns.get((MODULE, wanted)) if plan.owner != MODULE else None
+            )
+            if taken:
+                self.finding(
+                    taken[0], "ACC100", f"the name `{wanted}` is already bound to something else; file not converted.",
+                    "rename that variable, then run accelify again.",
+                )
+
+    def _devices(self, in_owner: dict[Ref, list[cst.Assign]]) -> bool:
+        """Classify the device variables of the setup scope; False when the file must stay as it is."""
+        plan = self.plan
+        for ref, assigns in in_owner.items():
+            kinds = [classify_device(self, a.value) for a in assigns if self._single_target(a) == ref]
+            if not any(kinds):
+                continue
+            name = ref[1]
+            if len(assigns) == 2 and self._if_else_device(name, assigns):
+                continue
+            if len(assigns) != 1 or len(kinds) != 1 or kinds[0] is None:
+                self.finding(assigns[0], "ACC103", f"`{name}` is assigned more than once; file not converted.",
+                             "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.")
+                return False
+            kind, value = kinds[0], assigns[0].value
+            if kind.kind == "auto":
+                plan.devices.add(name)
+                flag = _flag_of(self, value)
+                if flag is not None:
+                    plan.cpu_flag = flag
+            elif kind.kind == "cpu":
+                self.finding(assigns[0], "ACC102",
+                             f"`{name}` forces the CPU; converting would move training to the accelerator. File not converted.",
+                             "use `Accelerator(cpu=True)` to keep training on the CPU.")
+                return False
+            else:
+                self.finding(assigns[0], "ACC102",
+                             f"`{name}` is a {kind.detail}, not the automatic choice Accelerate makes. File not converted.",
+                             "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.")
+                return False
+        return True
+
+    def _if_else_device(self, name: str, assigns: list[cst.Assign]) -> bool:
+        """``if use_accel: device = <accelerator> else: device = torch.device("cpu")``."""
+        parents = [self._enclosing_if(a) for a in assigns]
+        stmt = parents[0]
+        if not isinstance(stmt, cst.If) or not isinstance(stmt.orelse, cst.Else) or parents[1] is not stmt:
+            return False
+        body, orelse = stmt.body.body, stmt.orelse.body.body
+        if len(body) != 1 or len(orelse) != 1:
+            return False
+        kinds = [classify_device(self, a.value) for a in assigns]
+        if [k.kind if k else None for k in kinds] != ["auto", "cpu"]:
+            return False
+        self.plan.devices.add(name)
+        if not is_availability_check(self, stmt.test):
+            self.plan.cpu_flag = _negate(stmt.test)
+        return True
+
+    def _enclosing_if(self, assign: cst.Assign) -> Optional[cst.CSTNode]:
+        node: Optional[cst.CSTNode] = assign
+        for _ in range(5):  # Assign < line < block < (Else <) If
+            node = self.get_metadata(ParentNodeProvider, node, None)
+            if node is None or isinstance(node, cst.If):
+                return node
+        return None
+
+    # ------------------------------------------------------------------ helper functions
+    def _helpers(self) -> None:
+        """Which parameters of module-level functions receive loaders, models or devices."""
+        plan = self.plan
+        calls: dict[str, list[tuple[cst.Call, dict[str, cst.BaseExpression]]]] = {}
+        for name, func in self.functions.items():
+            sites = self._call_sites(name, func)
+            if sites:
+                calls[name] = sites
+        changed = True
+        while changed:
+            changed = False
+            for name, sites in calls.items():
+                for param in _param_names(self.functions[name]):
+                    ref = (name, param)
+                    args = [bound.get(param) for _, bound in sites]
+                    if any(a is None for a in args):
+                        continue
+                    for kind in KINDS:
+                        if ref not in plan.flow[kind] and all(ref_of(self, a) in plan.flow[kind] for a in args):
+                            plan.flow[kind].add(ref)
+                            changed = True
+        for key, param in sorted(plan.flow["device"]):
+            if key in self.functions:
+                plan.device_params.setdefault(key, []).append(param)
+
+    def _call_sites(self, name: str, func: cst.FunctionDef) -> list[tuple[cst.Call, dict[str, cst.BaseExpression]]]:
+        """Every call of a module-level function, with its arguments bound to parameter names.
+
+        Empty when the function escapes (is passed around, decorated) or a call uses ``*args``.
+        """
+        if func.decorators:
+            return []
+        scope = self.get_metadata(ScopeProvider, func, None)
+        if scope is None:
+            return []
+        sites = []
+        for assignment in scope.assignments[name]:
+            for access in assignment.references:
+                call = self.get_metadata(ParentNodeProvider, access.node, None)
+                if not isinstance(call, cst.Call) or call.func is not access.node:
+                    return []
+                bound = _bind(func, call)
+                if bound is None:
+                    return []
+                sites.append((call, bound))
+        return sites
+
+    def _needs_accelerator(self) -> None:
+        """Helpers outside the setup scope that call ``.backward()`` get the accelerator as a parameter."""
+        plan = self.plan
+        for call in self.backwards:
+            key = key_at(self, call)
+            if key is None or plan.accelerator_in(key) is not None:
+                continue
+            top = key.split(".")[0]
+            if top in plan.device_params and top == key:
+                plan.needs_accelerator.add(key)
+
+    # ------------------------------------------------------------------ schedulers and prepare
+    def _schedulers(self, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> None:
+        plan = self.plan
+        found = []
+        for ref, assigns in in_owner.items():
+            for a in assigns:
+                if ref not in optimizers and isinstance(a.value, cst.Call) and self._single_target(a) == ref:
+                    if self._is_scheduler(a.value, optimizers):
+                        found.append((ref, a))
+        for ref, assign in sorted(found, key=lambda x: self._line(x[1])):
+            if self._stepped_per_batch(ref):
+                plan.schedulers.append(ref[1])
+
+    def _stepped_per_batch(self, scheduler: Ref) -> bool:
+        """Stepped once per optimizer step: every ``.step()`` of it sits in a loop over a dataloader."""
+        steps = [s for s in self.steps if ref_of(self, s.func.value) == scheduler]  # type: ignore[attr-defined]
+        if not steps:
+            return False
+        for step in steps:
+            parent = self.get_metadata(ParentNodeProvider, step, None)
+            while parent is not None:
+                if isinstance(parent, cst.For) and ref_of(self, peel_iterable(self, parent.iter)) in self.plan.flow["loader"]:
+                    break
+                parent = self.get_metadata(ParentNodeProvider, parent, None)
+            if parent is None:
+                return False
+        return True
+
+    def _prepare_point_ok(self, module: cst.Module) -> bool:
+        plan = self.plan
+        names = plan.core()
+        listed = ", ".join(names)
+        root = scope_root(module, plan.setup)
+        located = locate_setup(root, set(names)) if root is not None else None
+        if located is None:
+            self.finding(
+                module.body[0] if root is None else root, "ACC104",
+                "the dataloaders, models and optimizers are not built in one block; file not converted.",
+                f"build them in the same block, then call `{listed} = {plan.accelerator}.prepare({listed})` once.",
+            )
+            return False
+        block, index = located
+        loop = loop_over(self, block.body[:index], plan.flow["loader"])
+        if loop is not None:
+            self.finding(
+                loop, "ACC104", "a dataloader is iterated before the last training object is built; file not converted.",
+                f"build the dataloaders, model and optimizer first, then call `{listed} = "
+                f"{plan.accelerator}.prepare({listed})` before the first loop.",
+            )
+            return False
+        return True
+
+    def _has_prepare(self, module: cst.Module) -> bool:
+        return f"{self.plan.accelerator}.prepare(" in module.code
+
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+
+def _target_elements(target: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [e for el in target.elements for e in _target_elements(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_elements(target.value)
+    return [target]
+
+
+def _param_names(func: cst.FunctionDef) -> list[str]:
+    p = func.params
+    return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
+
+
+def _bind(func: cst.FunctionDef, call: cst.Call) -> Optional[dict[str, cst.BaseExpression]]:
+    """Map a call's arguments to parameter names; ``None`` for ``*args``/``**kwargs`` calls."""
+    p = func.params
+    positional = [x.name.value for x in (*p.posonly_params, *p.params)]
+    keyword = {x.name.value for x in (*p.params, *p.kwonly_params)}
+    bound: dict[str, cst.BaseExpression] = {}
+    index = 0
+    for arg in call.args:
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if index >= len(positional):
+                return None
+            bound[positional[index]] = arg.value
+            index += 1
+        elif arg.keyword.value in keyword:
+            bound[arg.keyword.value] = arg.value
+        else:
+            return None
+    return bound
+
+
+def _negate(test: cst.BaseExpression) -> str:
+    code = cst.Module(body=[]).code_for_node(test)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return cst.Module(body=[]).code_for_node(test.expression)
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        return f"not {code}"
+    return f"not ({code})"
+
+
+def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optional[str]:
+    """``torch.device("cuda" if use_cuda else "cpu")`` -> ``"not use_cuda"``; None for availability checks."""
+    if isinstance(value, cst.Call) and value.args:
+        value = value.args[0].value
+    if isinstance(value, cst.IfExp) and not is_availability_check(visitor, value.test):
+        return _negate(value.test)
+    return None
+
+
+def _unique(items) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def analyze(wrapper: MetadataWrapper) -> Plan:
+    analyzer = _Analyzer()
+    wrapper.visit(analyzer)
+    return analyzer.plan

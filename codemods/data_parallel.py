@@ -1,0 +1,150 @@
+"""ACC006: ``nn.DataParallel`` goes (prepare wraps the model); ``model.module`` -> ``unwrap_model``."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import RemoveImportsVisitor
+from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
+
+from accelify.analysis import has_qname, receiver_refs, ref_of
+
+from .base import AccelifyCodemod, is_noop
+
+DATA_PARALLEL = frozenset(
+    {
+        "torch.nn.DataParallel",
+        "torch.nn.parallel.DataParallel",
+        "torch.nn.parallel.data_parallel.DataParallel",
+    }
+)
+
+
+class DataParallel(AccelifyCodemod):
+    """Remove ``nn.DataParallel`` around a trained model and unwrap ``model.module``.
+
+    ``accelerator.prepare`` wraps the model for whatever the launch asks for (DDP,
+    FSDP, DeepSpeed), so a hand-made ``DataParallel`` goes, and an ``if`` that only
+    did that goes with it.  ``model.module`` (the wrapped model) becomes
+    ``accelerator.unwrap_model(model)``, which works with or without a wrapper.
+    Only done for models the file wrapped in ``DataParallel``: elsewhere ``.module``
+    may be the model's own attribute.
+
+    Before::
+
+        import torch
+        from torch import nn
+
+        model = Net()
+        if torch.cuda.device_count() > 1:
+            model = nn.DataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.save(model.module.state_dict(), "model.pt")
+
+    After::
+
+        import torch
+
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+    """
+
+    CODE = "ACC006"
+    NAME = "data-parallel"
+    DESCRIPTION = "Remove nn.DataParallel around trained models; model.module becomes accelerator.unwrap_model(model)."
+
+    METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._touched: list[bool] = []
+        wraps = any(
+            len(a.targets) == 1 and ref_of(self, a.targets[0].target) in self.plan.flow["model"] and self._contains_wrap(a.value)
+            for a in m.findall(node, m.Assign())  # type: ignore[union-attr]
+        )
+        # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
+        self._wrapped = self.plan.flow["model"] if wraps else set()
+
+    def _is_wrap(self, call: cst.CSTNode) -> bool:
+        return isinstance(call, cst.Call) and bool(call.args) and has_qname(self, call.func, DATA_PARALLEL)
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._touched.append(False)
+
+    def _contains_wrap(self, expr: cst.BaseExpression) -> bool:
+        while isinstance(expr, cst.Call):
+            if self._is_wrap(expr):
+                return True
+            if not isinstance(expr.func, cst.Attribute):
+                return False
+            expr = expr.func.value  # nn.DataParallel(model).to(device)
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not self._is_wrap(original_node):
+            return updated_node
+        inner = original_node.args[0].value
+        wraps_model = any(r in self.plan.flow["model"] for r in receiver_refs(self, inner))
+        if not wraps_model and not self._assigned_to_model(original_node):
+            return updated_node
+        if self._touched:
+            self._touched[-1] = True
+        self.change(original_node, "`DataParallel(...)` removed: prepare() wraps the model")
+        RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node.func)
+        return updated_node.args[0].value
+
+    def _assigned_to_model(self, call: cst.Call) -> bool:
+        parent = self.get_metadata(ParentNodeProvider, call, None)
+        while isinstance(parent, (cst.Attribute, cst.Call, cst.Arg)):
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+        return isinstance(parent, cst.Assign) and any(
+            ref_of(self, t.target) in self.plan.flow["model"] for t in parent.targets
+        )
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if original_node.attr.value != "module" or ref_of(self, original_node.value) not in self._wrapped:
+            return updated_node
+        if self.get_metadata(ExpressionContextProvider, original_node, None) != ExpressionContext.LOAD:
+            return updated_node
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            self.finding(
+                original_node, "ACC109", "`.module` left as it is: this code cannot reach the Accelerator.",
+                "use `accelerator.unwrap_model(model)` with the script's Accelerator.",
+            )
+            return updated_node
+        model = cst.Module(body=[]).code_for_node(updated_node.value)
+        self.change(original_node, f"`{model}.module` -> `{accelerator}.unwrap_model({model})`")
+        return cst.parse_expression(f"{accelerator}.unwrap_model({model})")
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        """``model.module if isinstance(model, nn.DataParallel) else model`` (or ``hasattr(model, "module")``):
+        once ``.module`` is ``unwrap_model(model)``, the unwrapped branch serves every case."""
+        test = original_node.test
+        if not (isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and len(test.args) == 2):
+            return updated_node
+        subject = ref_of(self, test.args[0].value)
+        kind = test.func.value
+        if subject not in self._wrapped:
+            return updated_node
+        if kind == "isinstance" and has_qname(self, test.args[1].value, DATA_PARALLEL):
+            pass
+        elif kind == "hasattr" and m.matches(test.args[1].value, m.SimpleString()) and test.args[1].value.evaluated_value == "module":  # type: ignore[attr-defined]
+            pass
+        else:
+            return updated_node
+        if "unwrap_model(" not in cst.Module(body=[]).code_for_node(updated_node.body):
+            return updated_node
+        self.change(original_node, "wrapper test removed: `unwrap_model` works with or without a wrapper")
+        RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node.test)
+        return updated_node.body
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> Union[cst.SimpleStatementLine, cst.BaseStatement]:
+        touched = self._touched.pop()
+        if touched and len(updated_node.body) == 1 and is_noop(updated_node.body[0]):
+            return self.remove(updated_node)
+        return updated_node

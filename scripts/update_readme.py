@@ -1,0 +1,37 @@
+"""Regenerate README.md's codemod list from the codemods' own docstrings.
+
+    python scripts/update_readme.py
+
+tests/test_codemods.py fails when README.md and the docstrings disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from accelify.codemods import by_code
+
+START, END = "<!-- codemods:start -->", "<!-- codemods:end -->"
+
+
+def render() -> str:
+    parts = []
+    for code, cls in by_code().items():
+        before, after = cls.example()
+        parts.append(
+            f"### {code} `{cls.NAME}`\n\n{cls.DESCRIPTION}\n\n"
+            f"Before:\n\n```python\n{before}```\n\nAfter:\n\n```python\n{after}```\n"
+        )
+    return "\n".join(parts)
+
+
+def main() -> None:
+    path = Path(__file__).resolve().parent.parent / "README.md"
+    text = path.read_text()
+    new = re.sub(f"{START}.*?{END}", lambda _: f"{START}\n{render()}{END}", text, flags=re.S)
+    path.write_text(new)
+
+
+if __name__ == "__main__":
+    main()
