@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Union
 
 import libcst as cst
@@ -18,10 +19,12 @@ from accelify.analysis import (
     ref_of,
     root_name,
     simple_assign,
+    string_value,
 )
 from .base import AccelifyCodemod, accelerator_attr, is_noop
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
+_DEVICE_LIKE = re.compile(r"dev|gpu|cuda|rank", re.I)
 
 
 class RemovePlacement(AccelifyCodemod):
@@ -179,8 +182,33 @@ class RemovePlacement(AccelifyCodemod):
                 self._strip.add(id(node_))
             node_ = node_.func.value
 
+    def _report_unclear(self, call: cst.Call) -> None:
+        """Placements accelify recognises but must not guess about (ACC108)."""
+        if not isinstance(call.func, cst.Attribute):
+            return
+        method = call.func.attr.value
+        receiver = call.func.value
+        first = call.args[0].value if call.args and call.args[0].keyword is None else None
+        on_model = any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver))
+        if on_model and (method == "cpu" or (method == "to" and first is not None and string_value(first) == "cpu")):
+            self.finding(
+                call, "ACC108", "a prepared model is moved off the accelerator; left as it is.",
+                "after `prepare` the model may be wrapped: move a copy, e.g. "
+                "`accelerator.unwrap_model(model).to(\"cpu\")`, after training.",
+            )
+        elif method == "to" and isinstance(first, (cst.Name, cst.Attribute)) and ref_of(self, first) not in self.plan.flow["device"]:
+            name = cst.Module(body=[]).code_for_node(first)
+            root = root_name(receiver)
+            training_data = on_model or (root is not None and root.value in self._current_derived())
+            if training_data and _DEVICE_LIKE.search(name) and not name.endswith(".device"):
+                self.finding(
+                    call, "ACC108", f"`.to({name})`: a device accelify does not recognise; left as it is.",
+                    "if this is the training device, use `accelerator.device` (Accelerate picks one device per process).",
+                )
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self._placement(original_node):
+            self._report_unclear(original_node)
             return updated_node
         receiver = original_node.func.value  # type: ignore[union-attr]
         root = root_name(receiver)

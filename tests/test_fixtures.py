@@ -16,6 +16,10 @@ def test_fixture_converts_to_golden(name: str, file_regression) -> None:
     result = convert(before, f"{name}.py")
     assert result.changed
     file_regression.check(result.output, fullpath=FIXTURES / name / "after.py")
+    # findings.txt, when present, lists the finding codes the conversion must report; else none.
+    expected = FIXTURES / name / "findings.txt"
+    codes = expected.read_text().split() if expected.exists() else []
+    assert [f.code for f in result.findings] == codes
 
 
 @pytest.mark.parametrize("name", PAIRS)
