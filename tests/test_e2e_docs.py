@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import socket
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,47 +18,19 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
+from e2e import FIXTURES, STUBS, assert_ok, run_single_process, run_two_cpu_processes, script_env  # noqa: E402
+
 from accelify.pipeline import convert_source  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO / "fixtures" / "docs" / "before.py"
-STUBS = Path(__file__).resolve().parent / "stubs"
+GOLDEN = FIXTURES / "docs" / "before.py"
 
 # Must match tests/stubs/datasets (SPLIT_SIZES["train"]) and the golden script.
 TRAIN_ROWS = 24
 BATCH_SIZE = 8
 NUM_EPOCHS = 3
-SUBPROCESS_TIMEOUT = 240
 
-# Env vars that would change how Accelerate / torch.distributed set themselves up.
-_DIST_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
-
-# The converted golden ends right after the training loop: it calls neither
-# `accelerator.wait_for_everyone()` nor `accelerator.end_training()`, so under
-# torch.distributed.run the gloo process group is still alive when the
-# interpreter exits, and gloo has been seen to abort there now and then
-# ("terminate called without an active exception"). That is teardown noise,
-# not a conversion bug, so the 2-process test runs the converted file
-# *unchanged* via runpy and then shuts the process group down cleanly itself
-# (barrier so no rank tears down while a peer is still in a collective, then
-# destroy). Any exception from the script still propagates (non-zero exit).
-_DIST_WRAPPER = textwrap.dedent(
-    """\
-    import runpy
-    import sys
-
-    import torch.distributed as dist
-
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    try:
-        runpy.run_path(script, run_name="__main__")
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-    """
-)
+# The 2-process run goes through e2e.DIST_WRAPPER, which tears the gloo process
+# group down cleanly after the script (see the comment there).
 
 
 @pytest.fixture(scope="module")
@@ -74,40 +41,10 @@ def converted_text() -> str:
 
 
 def _script_env(loss_log: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _DIST_VARS and not k.startswith("ACCELERATE_") and k != "ACCELIFY_LOSS_LOG"
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), os.environ.get("PYTHONPATH", "")) if p)
-    env["ACCELIFY_LOSS_LOG"] = str(loss_log)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra)
-    return env
-
-
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    # Own session so a timeout kills the whole tree (torchrun + its workers).
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(
-            f"timed out after {SUBPROCESS_TIMEOUT}s: {cmd}\n"
-            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
-        )
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _assert_ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, (
-        f"{proc.args} exited {proc.returncode}\n"
-        f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    return script_env(
+        PYTHONPATH=os.pathsep.join(p for p in (str(STUBS), os.environ.get("PYTHONPATH", "")) if p),
+        ACCELIFY_LOSS_LOG=str(loss_log),
+        **extra,
     )
 
 
@@ -120,12 +57,6 @@ def _losses(loss_log: Path, rank: int) -> list[float]:
         assert tag == f"rank={rank}", line
         values.append(float(loss))
     return values
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_docs_golden_converted_trains_identically(converted_text, tmp_path):
@@ -141,7 +72,7 @@ def test_docs_golden_converted_trains_identically(converted_text, tmp_path):
     runs = {}
     for script in (original, converted):
         log = tmp_path / f"{script.stem}.loss"
-        _assert_ok(_run([sys.executable, script.name], tmp_path, _script_env(log)))
+        assert_ok(run_single_process(script, _script_env(log)))
         assert not list(tmp_path.glob(f"{log.name}.[1-9]*")), "single-process run logged a non-zero rank"
         runs[script.stem] = _losses(log, 0)
 
@@ -155,18 +86,10 @@ def test_docs_golden_converted_trains_identically(converted_text, tmp_path):
 def test_docs_golden_converted_shards_across_two_cpu_processes(converted_text, tmp_path):
     converted = tmp_path / "after.py"
     converted.write_text(converted_text, encoding="utf-8")
-    wrapper = tmp_path / "run_and_teardown.py"
-    wrapper.write_text(_DIST_WRAPPER, encoding="utf-8")
     log = tmp_path / "ddp.loss"
 
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()),
-        wrapper.name, converted.name,
-    ]  # fmt: skip
-    _assert_ok(_run(cmd, tmp_path, _script_env(log, ACCELERATE_USE_CPU="1")))
+    proc, _ = run_two_cpu_processes(converted, _script_env(log))
+    assert_ok(proc)
 
     # prepare() shards the train loader: each rank gets half the batches
     # (3 batches -> 2 per rank, accelerate pads the odd one out by wrapping).
