@@ -104,6 +104,8 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     for codemod_class in gather_codemods():
         if options.select is not None and codemod_class.CODE not in options.select:
             continue
+        if not codemod_class.applies(plan, module.code):
+            continue
         wrapper = MetadataWrapper(module)
         pass_context = replace(context, wrapper=wrapper)
         codemod = codemod_class(pass_context, plan)

@@ -104,7 +104,7 @@ class Plan:
 Target = Union[cst.Name, cst.Attribute]
 
 
-class _Analyzer(m.MatcherDecoratableVisitor):
+class _Analyzer(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider, ParentNodeProvider)
 
     def __init__(self) -> None:

@@ -10,6 +10,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import Body as Block
 from accelify.analysis import binds, scope_root, setup_blocks
+from accelify.plan import Plan
+
 from .base import AccelifyCodemod, insert_paragraph
 
 _IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
@@ -43,6 +45,10 @@ class AddAccelerator(AccelifyCodemod):
     CODE = "ACC001"
     NAME = "accelerator"
     DESCRIPTION = "Add `from accelerate import Accelerator` and `accelerator = Accelerator()`."
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return not plan.has_accelerator
 
     def visit_Module(self, node: cst.Module) -> None:
         self._target: Optional[Block] = None

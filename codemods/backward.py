@@ -6,6 +6,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
+from accelify.plan import Plan
+
 from .base import AccelifyCodemod, accelerator_attr
 
 # Tensor.backward(gradient=None, retain_graph=None, create_graph=False, inputs=None);
@@ -40,6 +42,10 @@ class Backward(AccelifyCodemod):
     CODE = "ACC005"
     NAME = "backward"
     DESCRIPTION = "Rewrite <loss>.backward(...) to accelerator.backward(<loss>, ...)."
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return ".backward(" in code
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not m.matches(original_node.func, m.Attribute(attr=m.Name("backward"))):

@@ -7,7 +7,7 @@ from typing import ClassVar, Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod import CodemodContext, ContextAwareTransformer
+from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
@@ -34,7 +34,7 @@ def merge_leading_lines(first: Sequence[cst.EmptyLine], second: Sequence[cst.Emp
     return head + blanks + tail
 
 
-class AccelifyCodemod(ContextAwareTransformer):
+class AccelifyCodemod(cst.CSTTransformer):
     """Base class: one rewrite, one stable code, one file.
 
     Subclasses set ``CODE`` (``ACC0xx``), ``NAME`` (kebab-case) and ``DESCRIPTION``
@@ -56,13 +56,21 @@ class AccelifyCodemod(ContextAwareTransformer):
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
 
     def __init__(self, context: CodemodContext, plan: Plan) -> None:
-        super().__init__(context)
+        # A plain CSTTransformer (not LibCST's matcher-decoratable ContextAwareTransformer):
+        # no codemod uses matcher decorators, and their dispatch doubles the cost of a pass.
+        super().__init__()
+        self.context = context
         self.plan = plan
         self.changes: list[Change] = []
         self.findings: list[RawFinding] = []
         # id -> node: holding the node keeps its id from being reused by a new object.
         self._removed: dict[int, cst.CSTNode] = {}
         self._emptied: dict[int, cst.CSTNode] = {}
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        """A cheap necessary condition: when False the pass could change nothing and is skipped."""
+        return True
 
     # ------------------------------------------------------------------ examples
     @classmethod

@@ -11,6 +11,8 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 
 from accelify.analysis import has_qname, receiver_refs, ref_of
 
+from accelify.plan import Plan
+
 from .base import AccelifyCodemod, is_noop
 
 DATA_PARALLEL = frozenset(
@@ -55,6 +57,10 @@ class DataParallel(AccelifyCodemod):
     CODE = "ACC006"
     NAME = "data-parallel"
     DESCRIPTION = "Remove nn.DataParallel around trained models; model.module becomes accelerator.unwrap_model(model)."
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "DataParallel" in code
 
     METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
 

@@ -12,6 +12,8 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider
 from accelify.analysis import MODULE, key_at, ref_of, simple_assign
 from accelify.plan import _bind, _param_names
 
+from accelify.plan import Plan
+
 from .base import AccelifyCodemod, accelerator_attr
 
 
@@ -50,6 +52,10 @@ class RemoveDevice(AccelifyCodemod):
     CODE = "ACC002"
     NAME = "remove-device"
     DESCRIPTION = "Remove device construction; remaining uses of the device become accelerator.device."
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return bool(plan.devices or plan.device_params)
 
     METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
 

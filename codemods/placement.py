@@ -21,6 +21,8 @@ from accelify.analysis import (
     simple_assign,
     string_value,
 )
+from accelify.plan import Plan
+
 from .base import AccelifyCodemod, accelerator_attr, is_noop
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
@@ -61,6 +63,10 @@ class RemovePlacement(AccelifyCodemod):
     CODE = "ACC003"
     NAME = "remove-placement"
     DESCRIPTION = "Remove .to(device)/.cuda() where prepare() places the object; keep others on accelerator.device."
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return ".to(" in code or ".cuda(" in code or ".cpu(" in code
 
     def __init__(self, context, plan) -> None:
         super().__init__(context, plan)

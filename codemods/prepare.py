@@ -8,6 +8,8 @@ import libcst as cst
 
 from accelify.analysis import Body as Block
 from accelify.analysis import binds, child_blocks, locate_setup, scope_root
+from accelify.plan import Plan
+
 from .base import AccelifyCodemod, insert_paragraph
 
 DEFAULT_LINE_LENGTH = 88
@@ -56,6 +58,10 @@ class Prepare(AccelifyCodemod):
     CODE = "ACC004"
     NAME = "prepare"
     DESCRIPTION = "Insert accelerator.prepare(...) for dataloaders, models, optimizers and per-step schedulers."
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return not plan.has_prepare
 
     def visit_Module(self, node: cst.Module) -> None:
         self._target: Optional[Block] = None
