@@ -15,7 +15,7 @@ the same thing, and a local variable that merely shares a name is not.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence, Union
 
 import libcst as cst
@@ -58,19 +58,8 @@ def has_qname(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozense
     return bool(qualified_names(visitor, node) & names)
 
 
-def is_global(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
-    return isinstance(visitor.get_metadata(ScopeProvider, node, None), GlobalScope)
 
 
-def resolves_to_global(visitor: cst.MetadataDependent, name: cst.Name) -> bool:
-    """True when ``name`` (a load) refers to a module-level binding only."""
-    scope = visitor.get_metadata(ScopeProvider, name, None)
-    if scope is None:
-        return False
-    assignments = scope[name.value]
-    if not assignments:
-        return False
-    return all(isinstance(a.scope, GlobalScope) for a in assignments)
 
 
 def string_value(node: cst.BaseExpression) -> Optional[str]:

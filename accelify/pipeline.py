@@ -12,7 +12,7 @@ import ast
 import difflib
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -225,7 +225,3 @@ def _place_added_imports(before: cst.Module, after: cst.Module) -> cst.Module:
         body.insert(target, moved)
         del body[i + 1]
     return after.with_changes(body=body)
-
-
-def convert_many(sources: Sequence[tuple[str, str]], options: Optional[Options] = None) -> list[Result]:
-    return [convert_source(text, path, options) for path, text in sources]

@@ -32,7 +32,6 @@ from accelify.analysis import (
     MODULE,
     RawFinding,
     Ref,
-    assigned_names,
     classify_device,
     has_qname,
     is_availability_check,

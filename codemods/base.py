@@ -66,6 +66,7 @@ class AccelifyCodemod(cst.CSTTransformer):
         # id -> node: holding the node keeps its id from being reused by a new object.
         self._removed: dict[int, cst.CSTNode] = {}
         self._emptied: dict[int, cst.CSTNode] = {}
+        self._touched: list[bool] = []  # one per enclosing statement: did this pass strip something in it?
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
@@ -116,6 +117,23 @@ class AccelifyCodemod(cst.CSTTransformer):
         """Mark a statement (the ``updated_node`` being returned) for removal."""
         self._removed[id(updated)] = updated
         return updated
+
+    def touch(self) -> None:
+        """Say that something was stripped from the current statement: if it is left doing
+        nothing (``model = model``, ``batch = {k: v for k, v in batch.items()}``), it goes."""
+        if self._touched:
+            self._touched[-1] = True
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._touched.append(False)
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        touched = self._touched.pop()
+        if touched and len(updated_node.body) == 1 and is_noop(updated_node.body[0]):
+            return self.remove(updated_node)
+        return updated_node
 
     def is_removed(self, node: cst.CSTNode) -> bool:
         return id(node) in self._removed

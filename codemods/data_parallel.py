@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
@@ -13,7 +11,7 @@ from accelify.analysis import has_qname, receiver_refs, ref_of
 
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, is_noop
+from .base import AccelifyCodemod
 
 DATA_PARALLEL = frozenset(
     {
@@ -65,7 +63,6 @@ class DataParallel(AccelifyCodemod):
     METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._touched: list[bool] = []
         wraps = any(
             len(a.targets) == 1 and ref_of(self, a.targets[0].target) in self.plan.flow["model"] and self._contains_wrap(a.value)
             for a in m.findall(node, m.Assign())  # type: ignore[union-attr]
@@ -75,9 +72,6 @@ class DataParallel(AccelifyCodemod):
 
     def _is_wrap(self, call: cst.CSTNode) -> bool:
         return isinstance(call, cst.Call) and bool(call.args) and has_qname(self, call.func, DATA_PARALLEL)
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self._touched.append(False)
 
     def _contains_wrap(self, expr: cst.BaseExpression) -> bool:
         while isinstance(expr, cst.Call):
@@ -95,8 +89,7 @@ class DataParallel(AccelifyCodemod):
         wraps_model = any(r in self.plan.flow["model"] for r in receiver_refs(self, inner))
         if not wraps_model and not self._assigned_to_model(original_node):
             return updated_node
-        if self._touched:
-            self._touched[-1] = True
+        self.touch()
         self.change(original_node, "`DataParallel(...)` removed: prepare() wraps the model")
         RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node.func)
         return updated_node.args[0].value
@@ -146,11 +139,3 @@ class DataParallel(AccelifyCodemod):
         self.change(original_node, "wrapper test removed: `unwrap_model` works with or without a wrapper")
         RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node.test)
         return updated_node.body
-
-    def leave_SimpleStatementLine(
-        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> Union[cst.SimpleStatementLine, cst.BaseStatement]:
-        touched = self._touched.pop()
-        if touched and len(updated_node.body) == 1 and is_noop(updated_node.body[0]):
-            return self.remove(updated_node)
-        return updated_node

@@ -146,9 +146,10 @@ class RemoveDevice(AccelifyCodemod):
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
+        updated = super().leave_SimpleStatementLine(original_node, updated_node)
         if self._is_device_assignment(original_node):
-            return self._replace_or_remove(original_node, updated_node)
-        return updated_node
+            return self._replace_or_remove(original_node, updated)
+        return updated
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
         # if use_accel: device = ... else: device = torch.device("cpu")

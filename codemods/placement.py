@@ -6,7 +6,6 @@ import re
 from typing import Optional, Union
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
@@ -23,7 +22,7 @@ from accelify.analysis import (
 )
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr, is_noop
+from .base import AccelifyCodemod, accelerator_attr
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
 _DEVICE_LIKE = re.compile(r"dev|gpu|cuda|rank", re.I)
@@ -72,7 +71,6 @@ class RemovePlacement(AccelifyCodemod):
         super().__init__(context, plan)
         self._derived: list[set[str]] = []  # one set per enclosing loop/comprehension over batch data
         self._strip: set[int] = set()  # ids of placement calls to strip (original nodes)
-        self._touched: list[bool] = []  # per statement: did we strip something in it?
 
     # ------------------------------------------------------------ what is placement
     def _device_arg(self, call: cst.Call) -> Optional[cst.Arg]:
@@ -175,7 +173,7 @@ class RemovePlacement(AccelifyCodemod):
 
     # ------------------------------------------------------------ statements
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self._touched.append(False)
+        super().visit_SimpleStatementLine(node)
         assign = simple_assign(node)
         if assign is None:
             return
@@ -224,8 +222,7 @@ class RemovePlacement(AccelifyCodemod):
         if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)):
             strip = True
         if strip:
-            if self._touched:
-                self._touched[-1] = True
+            self.touch()
             self.change(original_node, "placement removed: prepare() places this object")
             device = self._device_arg(original_node)
             if device is not None:
@@ -272,12 +269,3 @@ class RemovePlacement(AccelifyCodemod):
         return call.with_changes(
             args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
-
-    def leave_SimpleStatementLine(
-        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.SimpleStatementLine:
-        touched = self._touched.pop()
-        if touched and len(updated_node.body) == 1 and is_noop(updated_node.body[0]):
-            return self.remove(updated_node)
-        return updated_node
-
