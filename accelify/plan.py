@@ -241,6 +241,10 @@ class _Analyzer(cst.CSTVisitor):
                     if ref[0] == plan.owner:
                         plan.accelerator, plan.has_accelerator = ref[1], True
         wanted = "self.accelerator" if plan.class_mode else "accelerator"
+        setup = self.functions.get(plan.setup) if plan.setup != MODULE else None
+        if not plan.has_accelerator and setup is not None and "accelerator" in _param_names(setup):
+            # The setup function is handed an Accelerator by its caller: use that one.
+            plan.accelerator, plan.has_accelerator = "accelerator", True
         if not plan.has_accelerator:
             plan.accelerator = wanted
             taken = self.assigns.get((plan.owner, wanted)) or (

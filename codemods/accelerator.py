@@ -54,10 +54,11 @@ class AddAccelerator(AccelifyCodemod):
         self._target: Optional[Block] = None
         if self.plan.has_accelerator:
             return
-        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
         creation = m.Assign(value=m.Call(func=m.Name("Accelerator")))
         if m.findall(node, creation):
-            return  # the device codemod already created it where the device was
+            # the device codemod already created it where the device was
+            AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+            return
         root = scope_root(node, self.plan.setup)
         if root is None:
             return
@@ -80,6 +81,7 @@ class AddAccelerator(AccelifyCodemod):
             if imports:
                 index = imports[-1] + 1
         self._target, self._index = block, index
+        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
 
     def _insert(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         anchor = original.body[min(self._index, len(original.body) - 1)]

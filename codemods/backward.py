@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
 from accelify.plan import Plan
 
@@ -47,6 +47,10 @@ class Backward(AccelifyCodemod):
     def applies(cls, plan: Plan, code: str) -> bool:
         return ".backward(" in code
 
+    def _has_own_accelerator(self, node: cst.CSTNode) -> bool:
+        scope = self.get_metadata(ScopeProvider, node, None)
+        return scope is not None and any(a.scope is scope for a in scope["accelerator"])
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not m.matches(original_node.func, m.Attribute(attr=m.Name("backward"))):
             return updated_node
@@ -65,6 +69,8 @@ class Backward(AccelifyCodemod):
             )
             return updated_node
         accelerator = self.accelerator_at(original_node)
+        if accelerator is None and self._has_own_accelerator(original_node):
+            return updated_node  # hand-written Accelerate code: a plain backward there is deliberate
         if accelerator is None:
             self.finding(
                 original_node,
