@@ -114,6 +114,7 @@ class _Analyzer(cst.CSTVisitor):
         self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name
         self.steps: list[cst.Call] = []
         self.backwards: list[cst.Call] = []
+        self._is_script = False  # has an `if __name__ == "__main__":` block
 
     # ------------------------------------------------------------------ collection
     def finding(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
@@ -127,6 +128,11 @@ class _Analyzer(cst.CSTVisitor):
                 ref = ref_of(self, element)
                 if ref is not None:
                     self.assigns.setdefault(ref, []).append(node)
+
+    def visit_If(self, node: cst.If) -> None:
+        guard = m.If(test=m.Comparison(left=m.Name("__name__"), comparisons=[m.ComparisonTarget(m.Equal())]))
+        if m.matches(node, guard) and isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
+            self._is_script = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
@@ -335,6 +341,8 @@ class _Analyzer(cst.CSTVisitor):
                         if ref not in plan.flow[kind] and all(ref_of(self, a) in plan.flow[kind] for a in args):
                             plan.flow[kind].add(ref)
                             changed = True
+        if plan.setup != MODULE and not self._is_script:
+            return  # a module others may import: its functions' signatures are not ours to change
         for key, param in sorted(plan.flow["device"]):
             if key in self.functions:
                 plan.device_params.setdefault(key, []).append(param)

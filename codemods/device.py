@@ -172,7 +172,10 @@ class RemoveDevice(AccelifyCodemod):
                 continue
             if action == "rename":
                 self.change(original_node, f"parameter `{param.name.value}` -> `accelerator`")
-                param = param.with_changes(name=cst.Name("accelerator"))
+                param = param.with_changes(name=cst.Name("accelerator"), annotation=None)
+                if param.default is not None:  # a device default means nothing for an Accelerator
+                    tight = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+                    param = param.with_changes(default=cst.Name("None"), equal=tight)
             params.append(param)
         old = updated_node.params.params
         if params and old and params[-1] is not old[-1]:  # the last one went: do not leave its comma dangling
