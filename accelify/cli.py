@@ -16,7 +16,7 @@ from rich.console import Console
 from accelify import __version__
 from accelify.diff import print_diff, unified_diff
 from accelify.io import Source, SourceError, decode, iter_python_files, read_source, write_atomic
-from accelify.report import Finding
+from accelify.report import Finding, report_github, report_json
 
 if TYPE_CHECKING:
     from accelify.pipeline import Result
@@ -64,6 +64,9 @@ def convert(
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Colour the diff (default: on a terminal)."),
     line_length: int = typer.Option(88, "--line-length", min=20, help="Line length for inserted code."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
+    select: List[str] = typer.Option([], "--select", help="Only these codes or prefixes (ACC004, ACC1); repeatable or comma-separated."),
+    ignore: List[str] = typer.Option([], "--ignore", help="Not these codes or prefixes; repeatable or comma-separated."),
+    output_format: str = typer.Option("text", "--format", help="text (diff on stdout, findings on stderr), json, or github."),
 ) -> None:
     """Convert training scripts; by default print a unified diff and write nothing."""
     from accelify.pipeline import Options, convert_source  # LibCST loads only when there is work
@@ -74,13 +77,22 @@ def convert(
         _usage("--in-place and --check cannot be used together.")
     if in_place and "-" in paths:
         _usage("standard input cannot be converted in place; use -o or the default diff.")
+    if output_format not in ("text", "json", "github"):
+        _usage(f"--format must be text, json or github, not {output_format!r}.")
+    codemods, finding_codes = _selection(select, ignore)
     files = list(iter_python_files(paths))
     if output is not None and len(files) != 1:
         _usage("--output takes exactly one input file.")
-    show_diff = diff if diff is not None else not (in_place or check or output is not None)
+    if output == "-" and output_format != "text":
+        _usage("-o - and --format json/github both want stdout.")
+    quiet_default = in_place or check or output is not None or output_format != "text"
+    show_diff = diff if diff is not None else not quiet_default
+    if show_diff and output_format == "json":
+        _usage("--diff with --format json: the diffs are in the JSON already.")
     use_color = color if color is not None else sys.stdout.isatty()
     err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-    options = Options(line_length=line_length)
+    options = Options(line_length=line_length, select=codemods, findings=finding_codes)
+    diffs: dict[str, str] = {}
 
     results: "list[Result]" = []
     status = EXIT_OK
@@ -97,8 +109,10 @@ def convert(
             err.print(f"error: {result.error}", markup=False)
             status = EXIT_ERROR
             continue
+        if result.changed:
+            diffs[source.path] = unified_diff(result.source, result.output, source.path)
         if show_diff and result.changed:
-            print_diff(unified_diff(result.source, result.output, source.path), sys.stdout, use_color)
+            print_diff(diffs[source.path], sys.stdout, use_color)
             sys.stdout.flush()
         if output is not None:
             _write_output(output, result, source)
@@ -110,11 +124,51 @@ def convert(
                 status = EXIT_ERROR
         if check and result.changed:
             status = max(status, EXIT_WOULD_CHANGE)
-        _print_findings(err, result.findings)
+        if output_format == "text":
+            _print_findings(err, result.findings)
 
+    summary = _summary(results, len(files), in_place=in_place, check=check)
+    if output_format == "json":
+        report_json(results, diffs, summary, sys.stdout)
+    elif output_format == "github":
+        report_github(results, sys.stdout)
     if not quiet:
-        err.print(_summary(results, len(files), in_place=in_place, check=check), markup=False)
+        err.print(summary, markup=False)
     raise typer.Exit(status)
+
+
+def _split(values: List[str]) -> list[str]:
+    return [v.strip().upper() for value in values for v in value.split(",") if v.strip()]
+
+
+def _selection(select: List[str], ignore: List[str]) -> tuple[Optional[frozenset[str]], Optional[frozenset[str]]]:
+    """(codemods to run, findings to report) from --select/--ignore; None means all."""
+    from accelify.codemods import by_code
+    from accelify.findings import FINDINGS
+
+    codemods = by_code()
+    everything = set(codemods) | set(FINDINGS)
+
+    def expand(items: list[str]) -> set[str]:
+        out: set[str] = set()
+        for item in items:
+            matched = {code for code in everything if code.startswith(item)}
+            if not matched:
+                _usage(f"unknown code {item!r}; `accelify rules` lists them.")
+            out |= matched
+        return out
+
+    chosen = (expand(_split(select)) if select else set(everything)) - expand(_split(ignore))
+    run = chosen & set(codemods)
+    for code in sorted(run):
+        missing = codemods[code].REQUIRES - run
+        if missing:
+            _usage(f"{code} needs {', '.join(sorted(missing))}: select it too (or ignore {code}).")
+    shown = chosen & set(FINDINGS)
+    return (
+        None if run == set(codemods) else frozenset(run),
+        None if shown == set(FINDINGS) else frozenset(shown),
+    )
 
 
 def _write_output(output: str, result: "Result", source: Source) -> None:
@@ -148,10 +202,17 @@ def rules(code: Optional[str] = typer.Argument(None, help="A code such as ACC004
     """List the codemods with their codes, or show one with its before/after example."""
     from accelify.codemods import by_code
 
+    from accelify.findings import FINDINGS
+
     table = by_code()
     if code is None:
         for cls in table.values():
             typer.echo(f"{cls.CODE}  {cls.NAME:<18} {cls.DESCRIPTION}")
+        for finding, text in FINDINGS.items():
+            typer.echo(f"{finding}  {'finding':<18} {text}")
+        return
+    if code.upper() in FINDINGS:
+        typer.echo(f"{code.upper()} (finding): {FINDINGS[code.upper()]}")
         return
     cls = table.get(code.upper())
     if cls is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -32,6 +33,8 @@ class Options:
     line_length: int = 88
     #: Run only the codemods with these codes (``None``: all of them).
     select: Optional[frozenset[str]] = None
+    #: Report only the findings with these codes (``None``: all of them).
+    findings: Optional[frozenset[str]] = None
 
 
 @dataclass
@@ -79,12 +82,19 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         return Result(path, source, source, error=_syntax_error(path, source, exc))
-    if not _may_train(source):
+    if not _may_train(source) or _skipped(source):
         return Result(path, source, source)
     try:
-        return _convert(module, source, path, options)
+        result = _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
         return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {exc!r}")
+    result.findings = _suppress(result.findings, source, options.findings)
+    return result
+
+
+def _report_only(options: Options) -> bool:
+    """``--select`` named findings but no codemod: look at everything, change nothing."""
+    return options.select is not None and not options.select
 
 
 def _convert(module: cst.Module, source: str, path: str, options: Options) -> Result:
@@ -102,7 +112,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
         return Result(path, source, source, findings=sorted(findings))
 
     for codemod_class in gather_codemods():
-        if options.select is not None and codemod_class.CODE not in options.select:
+        if options.select is not None and codemod_class.CODE not in options.select and not _report_only(options):
             continue
         if not codemod_class.applies(plan, module.code):
             continue
@@ -122,10 +132,42 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     module = RemoveImportsVisitor(replace(context, wrapper=None)).transform_module(module)
 
     output = module.code
+    if _report_only(options):
+        return Result(path, source, source, findings=sorted(findings))
     if output != source and not _still_parses(source, output):
         return Result(path, source, source, findings=sorted(findings),
                       error=f"{path}: internal error: the rewrite does not parse; file left unchanged")
     return Result(path, source, output, changes=sorted(changes), findings=sorted(findings))
+
+
+_SKIP = re.compile(r"#\s*accelify:\s*skip\b")
+_IGNORE = re.compile(r"#\s*accelify:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
+
+
+def _skipped(source: str) -> bool:
+    """``# accelify: skip`` among the comments that open the file."""
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            return False
+        if _SKIP.search(stripped):
+            return True
+    return False
+
+
+def _suppress(findings: list[Finding], source: str, selected: Optional[frozenset[str]]) -> list[Finding]:
+    """Drop findings not selected, or silenced by ``# accelify: ignore[ACC104]`` on their line."""
+    lines = source.splitlines()
+    kept = []
+    for finding in findings:
+        if selected is not None and finding.code not in selected:
+            continue
+        line = lines[finding.line - 1] if 0 < finding.line <= len(lines) else ""
+        match = _IGNORE.search(line)
+        if match and (match.group(1) is None or finding.code in {c.strip() for c in match.group(1).split(",")}):
+            continue
+        kept.append(finding)
+    return kept
 
 
 def _may_train(source: str) -> bool:

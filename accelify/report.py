@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from typing import TextIO
 
 
 @dataclass(frozen=True, order=True)
@@ -36,3 +38,40 @@ class Finding:
         if self.suggestion:
             text += f" Suggestion: {self.suggestion}"
         return text
+
+
+def report_json(results, diffs: dict, summary: str, stream: TextIO) -> None:
+    """One JSON document for tools: every file's status, changes, findings and diff."""
+    files = []
+    for result in results:
+        status = "error" if result.error else ("changed" if result.changed else "unchanged")
+        files.append(
+            {
+                "path": result.path,
+                "status": status,
+                "error": result.error,
+                "changes": [c.to_dict() for c in result.changes],
+                "findings": [f.to_dict() for f in result.findings],
+                "diff": diffs.get(result.path, ""),
+            }
+        )
+    json.dump({"files": files, "summary": summary}, stream, indent=2)
+    stream.write("\n")
+
+
+def _escape(text: str, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def report_github(results, stream: TextIO) -> None:
+    """GitHub Actions workflow commands: an annotation per finding, an error per unreadable file."""
+    for result in results:
+        if result.error:
+            stream.write(f"::error file={_escape(result.path, True)},title=accelify::{_escape(result.error)}\n")
+        for f in result.findings:
+            message = f.message + (f" Suggestion: {f.suggestion}" if f.suggestion else "")
+            stream.write(
+                f"::warning file={_escape(f.path, True)},line={f.line},col={f.column},"
+                f"title={_escape('accelify ' + f.code, True)}::{_escape(message)}\n"
+            )

@@ -45,6 +45,7 @@ class AddAccelerator(AccelifyCodemod):
     CODE = "ACC001"
     NAME = "accelerator"
     DESCRIPTION = "Add `from accelerate import Accelerator` and `accelerator = Accelerator()`."
+    REQUIRES = frozenset()
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:

@@ -42,6 +42,7 @@ class Backward(AccelifyCodemod):
     CODE = "ACC005"
     NAME = "backward"
     DESCRIPTION = "Rewrite <loss>.backward(...) to accelerator.backward(<loss>, ...)."
+    REQUIRES = frozenset({"ACC001"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:

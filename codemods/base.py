@@ -52,6 +52,8 @@ class AccelifyCodemod(cst.CSTTransformer):
     CODE: ClassVar[str] = ""
     NAME: ClassVar[str] = ""
     DESCRIPTION: ClassVar[str] = ""
+    #: Codes that must run too: what this codemod writes refers to what they create.
+    REQUIRES: ClassVar[frozenset[str]] = frozenset()
 
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
 

@@ -55,6 +55,7 @@ class DataParallel(AccelifyCodemod):
     CODE = "ACC006"
     NAME = "data-parallel"
     DESCRIPTION = "Remove nn.DataParallel around trained models; model.module becomes accelerator.unwrap_model(model)."
+    REQUIRES = frozenset({"ACC001", "ACC004"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:

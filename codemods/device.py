@@ -52,6 +52,7 @@ class RemoveDevice(AccelifyCodemod):
     CODE = "ACC002"
     NAME = "remove-device"
     DESCRIPTION = "Remove device construction; remaining uses of the device become accelerator.device."
+    REQUIRES = frozenset({"ACC001"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:

@@ -62,6 +62,7 @@ class RemovePlacement(AccelifyCodemod):
     CODE = "ACC003"
     NAME = "remove-placement"
     DESCRIPTION = "Remove .to(device)/.cuda() where prepare() places the object; keep others on accelerator.device."
+    REQUIRES = frozenset({"ACC001", "ACC004"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:

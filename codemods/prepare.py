@@ -58,6 +58,7 @@ class Prepare(AccelifyCodemod):
     CODE = "ACC004"
     NAME = "prepare"
     DESCRIPTION = "Insert accelerator.prepare(...) for dataloaders, models, optimizers and per-step schedulers."
+    REQUIRES = frozenset({"ACC001"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:

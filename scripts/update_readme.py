@@ -13,6 +13,7 @@ from pathlib import Path
 from accelify.codemods import by_code
 
 START, END = "<!-- codemods:start -->", "<!-- codemods:end -->"
+FSTART, FEND = "<!-- findings:start -->", "<!-- findings:end -->"
 
 
 def render() -> str:
@@ -26,11 +27,19 @@ def render() -> str:
     return "\n".join(parts)
 
 
+def render_findings() -> str:
+    from accelify.findings import FINDINGS
+
+    rows = "".join(f"| {code} | {text} |\n" for code, text in FINDINGS.items())
+    return "| code | when, and what accelify does |\n|---|---|\n" + rows
+
+
 def main() -> None:
     path = Path(__file__).resolve().parent.parent / "README.md"
     text = path.read_text()
-    new = re.sub(f"{START}.*?{END}", lambda _: f"{START}\n{render()}{END}", text, flags=re.S)
-    path.write_text(new)
+    text = re.sub(f"{START}.*?{END}", lambda _: f"{START}\n{render()}{END}", text, flags=re.S)
+    text = re.sub(f"{FSTART}.*?{FEND}", lambda _: f"{FSTART}\n{render_findings()}{FEND}", text, flags=re.S)
+    path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,19 @@ def test_readme_lists_every_codemod_with_its_example() -> None:
         assert f"```python\n{before}```" in readme and f"```python\n{after}```" in readme
 
 
+def test_readme_lists_every_finding_and_every_emitted_code_is_listed() -> None:
+    from accelify.findings import FINDINGS
+
+    readme = (ROOT / "README.md").read_text()
+    for code, text in FINDINGS.items():
+        assert f"| {code} | {text} |" in readme
+    emitted = set()
+    for folder in ("accelify", "codemods"):
+        for path in (ROOT / folder).glob("*.py"):
+            emitted |= set(re.findall(r'"(ACC1\d\d)"', path.read_text()))
+    assert emitted == set(FINDINGS)
+
+
 def test_readme_commands_are_what_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()

@@ -1,0 +1,21 @@
+"""The finding codes: what accelify recognises but leaves for a human, one line each.
+
+The codemods say *where* and *what to do instead* when they report; this table is
+what ``accelify rules`` and the README list, and what ``--select``/``--ignore`` take.
+"""
+
+from __future__ import annotations
+
+FINDINGS: dict[str, str] = {
+    "ACC100": "The name `accelerator` (or `self.accelerator`) is already bound to something else: file left unchanged.",
+    "ACC102": "The device is forced to the CPU, or chosen per rank or index: file left unchanged.",
+    "ACC103": "The device variable is assigned more than once: file left unchanged.",
+    "ACC104": "The training objects are not built in one block, or a dataloader is iterated before the last is built: "
+    "file left unchanged.",
+    "ACC105": "`scaler.scale(loss).backward()`: left as it is, `accelerator.backward` would scale the loss twice.",
+    "ACC106": "`.backward()` in code that cannot reach the Accelerator: left as it is.",
+    "ACC107": "Optimizers built in more than one function, or in a method other than `__init__`: file left unchanged.",
+    "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
+    "left as it is.",
+    "ACC109": "A placement or `.module` in code that cannot reach the Accelerator: left as it is.",
+}
