@@ -18,4 +18,5 @@ FINDINGS: dict[str, str] = {
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
     "left as it is.",
     "ACC109": "A placement or `.module` in code that cannot reach the Accelerator: left as it is.",
+    "ACC110": "Gradient clipping in code that cannot reach the Accelerator: left as it is.",
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 from .accelerator import AddAccelerator
 from .backward import Backward
 from .base import AccelifyCodemod
+from .clipping import Clipping
 from .data_parallel import DataParallel
 from .device import RemoveDevice
 from .placement import RemovePlacement
@@ -19,11 +20,11 @@ from .prepare import Prepare
 # 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
 #    assignment goes;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
-# 4. backward is independent;
+# 4. backward and clipping are independent;
 # 5. the Accelerator last: it goes before the first statement that uses it, which the
 #    earlier passes create. The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, AddAccelerator,
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, Clipping, AddAccelerator,
 )
 
 
