@@ -11,6 +11,7 @@ from .base import AccelifyCodemod
 from .clipping import Clipping
 from .data_parallel import DataParallel
 from .device import RemoveDevice
+from .main_process import MainProcessOutput
 from .placement import RemovePlacement
 from .prepare import Prepare
 
@@ -22,9 +23,11 @@ from .prepare import Prepare
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
 # 4. backward and clipping are independent;
 # 5. the Accelerator last: it goes before the first statement that uses it, which the
-#    earlier passes create. The import visitors run after all of them (in the pipeline).
+#    earlier passes create;
+# 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
+# The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, Clipping, AddAccelerator,
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, Clipping, AddAccelerator, MainProcessOutput,
 )
 
 

@@ -103,23 +103,15 @@ def test_two_cpu_processes_shard_the_data(case, single_runs):
     # Each rank's stdout goes to its own file (see e2e.DIST_WRAPPER), so lines
     # can't interleave or be torn mid-line between ranks.
     ranks = [loss_lines(rank0_out), loss_lines(rank1_out)]
-    assert ranks[0] and ranks[1], f"a rank did not train:\n{proc.stdout}"
+    # accelerator.print: every log line appears once, from the main process.
+    assert ranks[0], f"the main process printed no loss lines:\n{proc.stdout}"
+    assert ranks[1] == [], f"rank 1 printed too:\n{rank1_out}"
 
     # prepare() shards each epoch's n batches across the 2 ranks. Accelerate's
     # default even_batches=True gives every rank ceil(n / 2) batches (the odd
-    # one out is padded by wrapping around to the start of the dataset), and
-    # every fixture prints one loss line per step on every rank. So all ranks
-    # together print about what one process does: no fewer (nothing dropped),
-    # and at most one extra line per epoch (the padding batch when n is odd,
-    # e.g. data_parallel: 5 batches -> 3 + 3). Printing ~2x would mean the
+    # one out is padded by wrapping around to the start of the dataset), so the
+    # main process logs ceil(n / 2) steps per epoch; n steps would mean the
     # loader was not sharded (each rank ran the full epoch).
     single_epochs = steps_per_epoch(single)
-    total = len(ranks[0]) + len(ranks[1])
-    assert len(single) <= total <= len(single) + len(single_epochs), (len(single), total, proc.stdout)
-    # Exactly: each rank, per epoch, ceil(single-process steps / 2).
     expected = Counter({epoch: math.ceil(n / 2) for epoch, n in single_epochs.items()})
     assert steps_per_epoch(ranks[0]) == expected, proc.stdout
-    assert steps_per_epoch(ranks[1]) == expected, proc.stdout
-    # Identical initial weights on both ranks (same seed), so the ranks'
-    # losses differ only if they were fed different shards.
-    assert ranks[0] != ranks[1], proc.stdout

@@ -1,0 +1,110 @@
+"""ACC008: logs and progress bars once, on the main process."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from accelify.analysis import MODULE, key_at, qualified_names, scope_root, setup_blocks
+from accelify.plan import Plan
+
+from .base import AccelifyCodemod, accelerator_attr
+
+_PRINT = frozenset({"builtins.print", "print"})
+
+
+class MainProcessOutput(AccelifyCodemod):
+    """``print`` -> ``accelerator.print``; ``tqdm(...)`` only draws on the local main process.
+
+    With N processes every ``print`` would appear N times and every progress bar
+    would be drawn N times.  Only calls that run after the Accelerator exists are
+    rewritten: a ``print`` before it, in the function that creates it, stays.
+
+    Before::
+
+        import torch
+        from tqdm.auto import tqdm
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in tqdm(range(3)):
+            print(f"epoch {epoch}")
+
+    After::
+
+        import torch
+        from tqdm.auto import tqdm
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in tqdm(range(3), disable=not accelerator.is_local_main_process):
+            accelerator.print(f"epoch {epoch}")
+    """
+
+    CODE = "ACC008"
+    NAME = "main-process-output"
+    DESCRIPTION = "print -> accelerator.print; tqdm(...) gets disable=not accelerator.is_local_main_process."
+    REQUIRES = frozenset({"ACC001"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "print(" in code or "tqdm" in code or "trange" in code
+
+    def visit_Module(self, node: cst.Module) -> None:
+        # Statements of the setup block that run before the Accelerator is created.
+        self._before: set[int] = set()
+        self._block_stack: list[bool] = []
+        root = scope_root(node, self.plan.setup)
+        if root is None:
+            return
+        creation = m.SimpleStatementLine(body=[m.Assign(value=m.Call(func=m.Name("Accelerator")))])
+        for block in setup_blocks(root):
+            for i, stmt in enumerate(block.body):
+                if m.matches(stmt, creation):
+                    self._before = {id(s) for s in block.body[:i]}
+                    self._keep_alive = block
+                    return
+
+    def _reachable(self, node: cst.CSTNode) -> Optional[str]:
+        accelerator = self.accelerator_at(node)
+        if accelerator is None:
+            return None
+        key = key_at(self, node)
+        if key in (self.plan.setup, MODULE) and self._inside_before(node):
+            return None
+        return accelerator
+
+    def _inside_before(self, node: cst.CSTNode) -> bool:
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            if id(current) in self._before:
+                return True
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        names = qualified_names(self, original_node.func)
+        if isinstance(original_node.func, cst.Name) and names & _PRINT:
+            accelerator = self._reachable(original_node)
+            if accelerator is not None:
+                self.change(original_node, "`print` -> `accelerator.print`: once, on the main process")
+                return updated_node.with_changes(func=accelerator_attr(accelerator, "print"))
+            return updated_node
+        if any(n.startswith("tqdm.") and n.rsplit(".", 1)[-1] in ("tqdm", "trange") for n in names):
+            if any(a.keyword is not None and a.keyword.value == "disable" for a in original_node.args):
+                return updated_node
+            accelerator = self._reachable(original_node)
+            if accelerator is None:
+                return updated_node
+            self.change(original_node, "progress bar drawn on the local main process only")
+            disable = cst.Arg(
+                keyword=cst.Name("disable"),
+                value=cst.parse_expression(f"not {accelerator}.is_local_main_process"),
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+            )
+            args = list(updated_node.args)
+            if args and args[-1].comma != cst.MaybeSentinel.DEFAULT:  # a trailing comma: keep the style
+                return updated_node.with_changes(args=[*args, disable.with_changes(comma=args[-1].comma)])
+            return updated_node.with_changes(args=[*args, disable])
+        return updated_node
