@@ -19,4 +19,6 @@ FINDINGS: dict[str, str] = {
     "left as it is.",
     "ACC109": "A placement or `.module` in code that cannot reach the Accelerator: left as it is.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: left as it is.",
+    "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
+    "`accelerator.save_state`/`load_state` save every prepared object.",
 }

@@ -14,6 +14,7 @@ from .device import RemoveDevice
 from .main_process import MainProcessOutput
 from .placement import RemovePlacement
 from .prepare import Prepare
+from .saving import Saving
 
 # The order matters:
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
@@ -21,13 +22,14 @@ from .prepare import Prepare
 # 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
 #    assignment goes;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
-# 4. backward and clipping are independent;
+# 4. backward, clipping and saving are independent;
 # 5. the Accelerator last: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, Clipping, AddAccelerator, MainProcessOutput,
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, Clipping, Saving, AddAccelerator,
+    MainProcessOutput,
 )
 
 

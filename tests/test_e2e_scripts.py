@@ -115,3 +115,24 @@ def test_two_cpu_processes_shard_the_data(case, single_runs):
     single_epochs = steps_per_epoch(single)
     expected = Counter({epoch: math.ceil(n / 2) for epoch, n in single_epochs.items()})
     assert steps_per_epoch(ranks[0]) == expected, proc.stdout
+
+
+def test_checkpoint_is_the_plain_model_once(tmp_path):
+    """mnist_functions saves `model.state_dict()`: converted, two processes write one checkpoint
+    whose keys are the plain model's (no DDP `module.` prefix), exactly the original's keys."""
+    import torch
+
+    source = (FIXTURES / "mnist_functions" / "before.py").read_text(encoding="utf-8")
+    converted = convert_source(source, "mnist.py").output
+    original_dir, converted_dir = tmp_path / "original", tmp_path / "converted"
+    original_dir.mkdir()
+    converted_dir.mkdir()
+    (original_dir / "mnist.py").write_text(source, encoding="utf-8")
+    (converted_dir / "mnist.py").write_text(converted, encoding="utf-8")
+    assert_ok(run_single_process(original_dir / "mnist.py", script_env()))
+    proc, _ = run_two_cpu_processes(converted_dir / "mnist.py", script_env())
+    assert_ok(proc)
+    original = torch.load(original_dir / "mnist_cnn.pt")
+    saved = torch.load(converted_dir / "mnist_cnn.pt")
+    assert list(saved) == list(original)
+    assert all(saved[k].shape == original[k].shape for k in original)

@@ -1,0 +1,114 @@
+"""ACC009: save the unwrapped model once, after every process is done."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import RemoveImportsVisitor
+from libcst.metadata import ParentNodeProvider
+
+from accelify.analysis import qualified_names, receiver_refs, ref_of
+from accelify.plan import Plan
+
+from .base import AccelifyCodemod
+
+_TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
+_MAIN_PROCESS = m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
+
+
+class Saving(AccelifyCodemod):
+    """``torch.save(model.state_dict(), path)`` -> wait for every process, then ``accelerator.save``.
+
+    ``accelerator.save`` writes once (on the main process), and
+    ``accelerator.unwrap_model`` drops the DDP/FSDP wrapper so the checkpoint's
+    keys are the plain model's.  A checkpoint of the whole training state (model
+    *and* optimizer) is reported instead: ``accelerator.save_state`` is the tool.
+
+    Before::
+
+        import torch
+
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.save(model.state_dict(), "model.pt")
+
+    After::
+
+        import torch
+
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        accelerator.wait_for_everyone()
+        accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+    """
+
+    CODE = "ACC009"
+    NAME = "saving"
+    DESCRIPTION = "torch.save(model.state_dict(), ...) -> wait_for_everyone() + accelerator.save(unwrap_model(model)...)."
+    REQUIRES = frozenset({"ACC001", "ACC004"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "save(" in code
+
+    def _model_state(self, expr: cst.BaseExpression) -> Optional[str]:
+        """``model.state_dict()`` or ``accelerator.unwrap_model(model).state_dict()`` -> the model's code."""
+        if not m.matches(expr, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
+            return None
+        owner = expr.func.value  # type: ignore[attr-defined]
+        if m.matches(owner, m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])):
+            owner = owner.args[0].value  # type: ignore[attr-defined]
+        if ref_of(self, owner) in self.plan.flow["model"]:
+            return cst.Module(body=[]).code_for_node(owner)
+        return None
+
+    def _training_state(self, expr: cst.BaseExpression) -> bool:
+        """A dict holding the state of a prepared model or optimizer."""
+        prepared = self.plan.flow["model"] | self.plan.refs(self.plan.optimizers)
+        for call in m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("state_dict")))):
+            if any(r in prepared for r in receiver_refs(self, call.func.value)):  # type: ignore[attr-defined]
+                return True
+        return False
+
+    def _under_main_process_check(self, node: cst.CSTNode) -> bool:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None:
+            if isinstance(parent, cst.If) and m.findall(parent.test, _MAIN_PROCESS):
+                return True
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+        return False
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
+        updated = super().leave_SimpleStatementLine(original_node, updated_node)
+        if len(original_node.body) != 1 or not m.matches(original_node.body[0], m.Expr(m.Call())):
+            return updated
+        call = original_node.body[0].value  # type: ignore[attr-defined]
+        if not qualified_names(self, call.func) & _TORCH_SAVE or not call.args:
+            return updated
+        accelerator = self.accelerator_at(original_node)
+        model = self._model_state(call.args[0].value)
+        if model is None:
+            if self._training_state(call.args[0].value):
+                self.finding(
+                    call, "ACC111", "a checkpoint of the whole training state is saved with `torch.save`; left as it is.",
+                    "use `accelerator.save_state(output_dir)` and `accelerator.load_state(output_dir)`: they "
+                    "save every prepared object (model, optimizer, scheduler, RNG) for any launch.",
+                )
+            return updated
+        # accelerator.save(obj, f) takes the path and nothing else (no pickle options).
+        path_arg = call.args[1] if len(call.args) == 2 else None
+        if accelerator is None or path_arg is None or (path_arg.keyword is not None and path_arg.keyword.value != "f"):
+            return updated
+        path = cst.Module(body=[]).code_for_node(updated_node.body[0].value.args[1].value)  # type: ignore[attr-defined]
+        save = self.parse_statement(f"{accelerator}.save({accelerator}.unwrap_model({model}).state_dict(), {path})\n")
+        RemoveImportsVisitor.remove_unused_import_by_node(self.context, call.func)
+        self.change(original_node, "saved once, from the unwrapped model, after every process is done")
+        if self._under_main_process_check(original_node):
+            # A barrier here would wait for processes that never get here.
+            return save.with_changes(leading_lines=updated_node.leading_lines)
+        wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")
+        return cst.FlattenSentinel([wait.with_changes(leading_lines=updated_node.leading_lines), save])
