@@ -19,6 +19,8 @@ FINDINGS: dict[str, str] = {
     "left as it is.",
     "ACC109": "A placement or `.module` in code that cannot reach the Accelerator: left as it is.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: left as it is.",
+    "ACC112": "Mixed precision that cannot be mapped (a scaler switched by `enabled=`, saved, or passed around; "
+    "float16 and bfloat16 mixed): left as it is.",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
 }

@@ -42,9 +42,18 @@ from accelify.analysis import (
     qualified_names,
     ref_of,
     scope_root,
+    string_value,
 )
 
 TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
+GRAD_SCALERS = frozenset(
+    {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
+     "torch.amp.grad_scaler.GradScaler"}
+)
+AUTOCASTS = frozenset(
+    {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast",
+     "torch.cuda.amp.autocast_mode.autocast"}
+)
 _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
 _SCHEDULER_FACTORY = re.compile(r"(^|\.)get_\w*schedule\w*$")
 KINDS = ("loader", "model", "device")
@@ -68,6 +77,10 @@ class Plan:
     devices: set[str] = field(default_factory=set)
     #: ``Accelerator(cpu=<this>)`` when the device depended on a flag
     cpu_flag: Optional[str] = None
+    #: ``Accelerator(mixed_precision=<this>)`` when a GradScaler/autocast is replaced
+    mixed_precision: Optional[str] = None
+    #: GradScaler names in the setup scope, replaced by the Accelerator's own scaling
+    scalers: set[str] = field(default_factory=set)
     #: every ref of each kind, setup objects and helper parameters alike
     flow: dict[str, set[Ref]] = field(default_factory=lambda: {k: set() for k in KINDS})
     #: module-level helper -> its parameters that carry the device
@@ -83,6 +96,14 @@ class Plan:
     def core(self) -> list[str]:
         """Dataloaders, models, optimizers: the objects that decide where ``prepare`` goes."""
         return [*self.dataloaders, *self.models, *self.optimizers]
+
+    def accelerator_args(self) -> str:
+        args = []
+        if self.cpu_flag:
+            args.append(f"cpu={self.cpu_flag}")
+        if self.mixed_precision:
+            args.append(f"mixed_precision={self.mixed_precision}")
+        return ", ".join(args)
 
     def refs(self, names: list[str]) -> set[Ref]:
         return {(self.owner, n) for n in names}
@@ -114,6 +135,7 @@ class _Analyzer(cst.CSTVisitor):
         self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name
         self.steps: list[cst.Call] = []
         self.backwards: list[cst.Call] = []
+        self.calls: list[cst.Call] = []
         self._is_script = False  # has an `if __name__ == "__main__":` block
 
     # ------------------------------------------------------------------ collection
@@ -143,6 +165,7 @@ class _Analyzer(cst.CSTVisitor):
             self.steps.append(node)
         if m.matches(node.func, m.Attribute(attr=m.Name("backward"))):
             self.backwards.append(node)
+        self.calls.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
         self._finish(original_node)  # metadata is only available during the visit
@@ -237,6 +260,7 @@ class _Analyzer(cst.CSTVisitor):
         if not plan.has_prepare and not self._prepare_point_ok(module):
             return
         self._needs_accelerator()
+        self._mixed_precision(module, in_owner)
         plan.convertible = True
 
     def _existing_accelerator(self) -> None:
@@ -317,6 +341,101 @@ class _Analyzer(cst.CSTVisitor):
             node = self.get_metadata(ParentNodeProvider, node, None)
             if node is None or isinstance(node, cst.If):
                 return node
+        return None
+
+    # ------------------------------------------------------------------ mixed precision
+    def _mixed_precision(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]]) -> None:
+        """Replace a GradScaler and autocast by the Accelerator's, when every use is one it can map."""
+        plan = self.plan
+        scalers = [
+            (ref, a) for ref, assigns in in_owner.items() for a in assigns
+            if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, GRAD_SCALERS)
+        ]
+        autocasts = [c for c in self.calls if has_qname(self, c.func, AUTOCASTS)]
+        if not scalers and not autocasts:
+            return
+        anchor = scalers[0][1] if scalers else autocasts[0]
+
+        def refuse(why: str) -> None:
+            self.finding(anchor, "ACC112", f"mixed precision left as it is: {why}.",
+                         'create the Accelerator with `mixed_precision="fp16"` (or "bf16"), call '
+                         "`accelerator.backward(loss)` and use `with accelerator.autocast():`.")
+
+        if plan.has_accelerator:
+            return refuse("the script already has an Accelerator")
+        if len(scalers) > 1 or len({r for r, _ in scalers}) > 1:
+            return refuse("more than one GradScaler")
+        precisions = set()
+        if scalers:
+            ref, assign = scalers[0]
+            if any(a.keyword is None or a.keyword.value == "enabled" for a in assign.value.args):  # type: ignore[union-attr]
+                return refuse("the GradScaler is switched by an argument (`enabled=`)")
+            if not self._scaler_uses_ok(module, ref):
+                return refuse("the GradScaler is used beyond `scale(loss).backward()`, `step`, `update` and `unscale_`")
+            precisions.add("fp16")
+        for call in autocasts:
+            precision = self._autocast_precision(call)
+            if precision is None:
+                return refuse("an autocast that is not a plain `with` on CUDA with a float16/bfloat16 dtype")
+            precisions.add(precision)
+        if len(precisions) != 1:
+            return refuse("float16 and bfloat16 are mixed")
+        plan.mixed_precision = f'"{precisions.pop()}"'
+        plan.scalers = {r[1] for r, _ in scalers}
+
+    def _scaler_uses_ok(self, module: cst.Module, ref: Ref) -> bool:
+        name = ref[1]
+        if name.startswith("self."):
+            nodes = m.findall(module, m.Attribute(value=m.Name("self"), attr=m.Name(name[5:])))
+        else:
+            nodes = m.findall(module, m.Name(name))
+        for node in nodes:
+            if ref_of(self, node) != ref:
+                continue
+            parent = self.get_metadata(ParentNodeProvider, node, None)
+            if isinstance(parent, cst.AssignTarget):
+                continue
+            call = self.get_metadata(ParentNodeProvider, parent, None) if parent is not None else None
+            if not (isinstance(parent, cst.Attribute) and isinstance(call, cst.Call) and call.func is parent):
+                return False
+            if parent.attr.value == "scale":
+                outer = self.get_metadata(ParentNodeProvider, call, None)
+                backward = self.get_metadata(ParentNodeProvider, outer, None) if outer is not None else None
+                if not (m.matches(outer, m.Attribute(attr=m.Name("backward"))) and isinstance(backward, cst.Call)):
+                    return False
+            elif parent.attr.value not in ("step", "update", "unscale_"):
+                return False
+            if self.plan.accelerator_in(key_at(self, node)) is None:
+                return False
+        return True
+
+    def _autocast_precision(self, call: cst.Call) -> Optional[str]:
+        if not isinstance(self.get_metadata(ParentNodeProvider, call, None), cst.WithItem):
+            return None
+        if self.plan.accelerator_in(key_at(self, call)) is None:
+            return None
+        generic = not has_qname(self, call.func, frozenset({"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}))
+        dtype: Optional[cst.BaseExpression] = None
+        for i, arg in enumerate(call.args):
+            keyword = arg.keyword.value if arg.keyword is not None else None
+            if keyword is None and generic and i == 0:
+                keyword = "device_type"
+            elif keyword is None and generic and i == 1:
+                keyword = "dtype"
+            if keyword == "device_type":
+                if string_value(arg.value) != "cuda":
+                    return None
+            elif keyword == "dtype":
+                dtype = arg.value
+            else:
+                return None  # enabled=, cache_enabled=, or positional flags: not mapped
+        if dtype is None:
+            return "fp16"
+        names = qualified_names(self, dtype)
+        if names & {"torch.bfloat16"}:
+            return "bf16"
+        if names & {"torch.float16", "torch.half"}:
+            return "fp16"
         return None
 
     # ------------------------------------------------------------------ helper functions

@@ -12,6 +12,7 @@ from .clipping import Clipping
 from .data_parallel import DataParallel
 from .device import RemoveDevice
 from .main_process import MainProcessOutput
+from .mixed_precision import MixedPrecision
 from .placement import RemovePlacement
 from .prepare import Prepare
 from .saving import Saving
@@ -22,13 +23,14 @@ from .saving import Saving
 # 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
 #    assignment goes;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
-# 4. backward, clipping and saving are independent;
+# 4. mixed precision before backward: `scaler.scale(loss).backward()` becomes `loss.backward()`,
+#    which backward then routes through the accelerator; clipping and saving are independent;
 # 5. the Accelerator last: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, Backward, Clipping, Saving, AddAccelerator,
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, MixedPrecision, Backward, Clipping, Saving, AddAccelerator,
     MainProcessOutput,
 )
 

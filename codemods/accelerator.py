@@ -87,7 +87,7 @@ class AddAccelerator(AccelifyCodemod):
     def _insert(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         anchor = original.body[min(self._index, len(original.body) - 1)]
         self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
-        args = f"cpu={self.plan.cpu_flag}" if self.plan.cpu_flag else ""
+        args = self.plan.accelerator_args()
         statement = self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
         return insert_paragraph(body, self._index, statement)
 

@@ -132,7 +132,7 @@ class RemoveDevice(AccelifyCodemod):
         if self.plan.setup == MODULE and self.plan.cpu_flag is None:
             return None  # module level: the Accelerator goes after the imports, as in the docs
         self._created = True
-        args = f"cpu={self.plan.cpu_flag}" if self.plan.cpu_flag else ""
+        args = self.plan.accelerator_args()
         return self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
 
     def _replace_or_remove(self, original: cst.BaseStatement, updated: cst.BaseStatement) -> cst.BaseStatement:
