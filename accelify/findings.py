@@ -21,6 +21,8 @@ FINDINGS: dict[str, str] = {
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: left as it is.",
     "ACC112": "Mixed precision that cannot be mapped (a scaler switched by `enabled=`, saved, or passed around; "
     "float16 and bfloat16 mixed): left as it is.",
+    "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
+    "reported, it would decay N times too slowly with N processes.",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
 }

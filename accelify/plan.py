@@ -41,7 +41,9 @@ from accelify.analysis import (
     peel_iterable,
     qualified_names,
     ref_of,
+    assigned_names,
     scope_root,
+    simple_assign,
     string_value,
 )
 
@@ -255,7 +257,7 @@ class _Analyzer(cst.CSTVisitor):
             return
         plan.flow["device"] = plan.refs(sorted(plan.devices))
         self._helpers()
-        self._schedulers(in_owner, set(optimizers))
+        self._schedulers(module, in_owner, set(optimizers))
         plan.has_prepare = self._has_prepare(module)
         if not plan.has_prepare and not self._prepare_point_ok(module):
             return
@@ -500,7 +502,7 @@ class _Analyzer(cst.CSTVisitor):
                 plan.needs_accelerator.add(key)
 
     # ------------------------------------------------------------------ schedulers and prepare
-    def _schedulers(self, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> None:
+    def _schedulers(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> None:
         plan = self.plan
         found = []
         for ref, assigns in in_owner.items():
@@ -511,6 +513,35 @@ class _Analyzer(cst.CSTVisitor):
         for ref, assign in sorted(found, key=lambda x: self._line(x[1])):
             if self._stepped_per_batch(ref):
                 plan.schedulers.append(ref[1])
+        self._early_lengths(module, found)
+
+    def _early_lengths(self, module: cst.Module, found: list[tuple[Ref, cst.Assign]]) -> None:
+        """ACC113: a per-batch scheduler built after prepare, sized from len(loader) taken before it."""
+        plan = self.plan
+        root = scope_root(module, plan.setup)
+        located = locate_setup(root, set(plan.core())) if root is not None else None
+        if located is None:
+            return
+        block, index = located
+        length = m.Call(func=m.Name("len"), args=[m.Arg(m.Name())])
+        early: set[str] = set()
+        for stmt in block.body[:index]:
+            assign = simple_assign(stmt)
+            if assign is None:
+                continue
+            if any(c.args[0].value.value in plan.dataloaders for c in m.findall(assign.value, length)):  # type: ignore[attr-defined]
+                early |= {n for t in assign.targets for n in assigned_names(t.target)}
+        late = {id(a) for stmt in block.body[index:] if (a := simple_assign(stmt)) is not None}
+        for ref, assign in found:
+            if id(assign) not in late or not self._stepped_per_batch(ref):
+                continue
+            if {n.value for n in m.findall(assign.value, m.Name())} & early:  # type: ignore[attr-defined]
+                self.finding(
+                    assign, "ACC113",
+                    "this scheduler steps once per batch of the prepared (sharded) dataloader, but is sized from "
+                    "`len(dataloader)` taken before `prepare`: with N processes it decays N times too slowly.",
+                    "compute the number of steps after `accelerator.prepare(...)`, from the prepared dataloader.",
+                )
 
     def _stepped_per_batch(self, scheduler: Ref) -> bool:
         """Stepped once per optimizer step: every ``.step()`` of it sits in a loop over a dataloader."""
