@@ -23,6 +23,8 @@ FINDINGS: dict[str, str] = {
     "float16 and bfloat16 mixed): left as it is.",
     "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
     "reported, it would decay N times too slowly with N processes.",
+    "ACC114": "Evaluation metrics over a prepared dataloader in code that cannot reach the Accelerator: "
+    "each process would count its own shard only.",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
 }

@@ -138,6 +138,7 @@ class _Analyzer(cst.CSTVisitor):
         self.steps: list[cst.Call] = []
         self.backwards: list[cst.Call] = []
         self.calls: list[cst.Call] = []
+        self.loops: list[cst.For] = []
         self._is_script = False  # has an `if __name__ == "__main__":` block
 
     # ------------------------------------------------------------------ collection
@@ -157,6 +158,9 @@ class _Analyzer(cst.CSTVisitor):
         guard = m.If(test=m.Comparison(left=m.Name("__name__"), comparisons=[m.ComparisonTarget(m.Equal())]))
         if m.matches(node, guard) and isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
             self._is_script = True
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loops.append(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
@@ -465,7 +469,7 @@ class _Analyzer(cst.CSTVisitor):
         if plan.setup != MODULE and not self._is_script:
             return  # a module others may import: its functions' signatures are not ours to change
         for key, param in sorted(plan.flow["device"]):
-            if key in self.functions:
+            if key in self.functions and param in _param_names(self.functions[key]):
                 plan.device_params.setdefault(key, []).append(param)
 
     def _call_sites(self, name: str, func: cst.FunctionDef) -> list[tuple[cst.Call, dict[str, cst.BaseExpression]]]:
@@ -491,9 +495,13 @@ class _Analyzer(cst.CSTVisitor):
         return sites
 
     def _needs_accelerator(self) -> None:
-        """Helpers outside the setup scope that call ``.backward()`` get the accelerator as a parameter."""
+        """Helpers outside the setup scope that call ``.backward()`` or gather metrics get the
+        accelerator through their device parameter."""
+        from accelify.codemods.gather import find_gather
+
         plan = self.plan
-        for call in self.backwards:
+        gathering = [loop for loop in self.loops if find_gather(self, loop, plan) is not None]
+        for call in [*self.backwards, *gathering]:
             key = key_at(self, call)
             if key is None or plan.accelerator_in(key) is not None:
                 continue

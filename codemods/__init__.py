@@ -11,6 +11,7 @@ from .base import AccelifyCodemod
 from .clipping import Clipping
 from .data_parallel import DataParallel
 from .device import RemoveDevice
+from .gather import GatherForMetrics
 from .main_process import MainProcessOutput
 from .mixed_precision import MixedPrecision
 from .placement import RemovePlacement
@@ -30,8 +31,8 @@ from .saving import Saving
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, MixedPrecision, Backward, Clipping, Saving, AddAccelerator,
-    MainProcessOutput,
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, MixedPrecision, Backward, Clipping, Saving,
+    GatherForMetrics, AddAccelerator, MainProcessOutput,
 )
 
 

@@ -35,6 +35,10 @@ def loss_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if "loss" in line.lower()]
 
 
+def eval_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("Test set")]
+
+
 def steps_per_epoch(lines: list[str]) -> Counter:
     epochs = Counter()
     for line in lines:
@@ -91,6 +95,8 @@ def test_single_process_same_losses(case, single_runs):
     # change a single step (no extra/missing steps, no loss scaling, same
     # batches), so the printed per-step losses match to the last digit.
     assert after == before
+    # Evaluation results too (mnist_functions prints one "Test set" line per epoch).
+    assert eval_lines(single_runs["after"].stdout) == eval_lines(single_runs["before"].stdout)
 
 
 def test_two_cpu_processes_shard_the_data(case, single_runs):
@@ -116,6 +122,13 @@ def test_two_cpu_processes_shard_the_data(case, single_runs):
     expected = Counter({epoch: math.ceil(n / 2) for epoch, n in single_epochs.items()})
     assert steps_per_epoch(ranks[0]) == expected, proc.stdout
 
+    # Evaluation over the sharded loader still sees every sample exactly once
+    # (gather_for_metrics; 70 samples in batches of 32 leave an uneven last batch).
+    evaluations = eval_lines(rank0_out)
+    assert len(evaluations) == len(eval_lines(single_runs["before"].stdout))
+    for line in evaluations:
+        seen, total = re.search(r"(\d+) of (\d+)", line).groups()
+        assert seen == total, line
 
 def test_checkpoint_is_the_plain_model_once(tmp_path):
     """mnist_functions saves `model.state_dict()`: converted, two processes write one checkpoint

@@ -1,0 +1,152 @@
+"""ACC011: evaluation metrics see every sample once, over all processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelify.analysis import assigned_names, peel_iterable, ref_of, root_name, simple_assign
+from accelify.plan import Plan
+
+from .base import AccelifyCodemod
+
+_METRIC_CALLS = m.Expr(m.Call(func=m.Attribute(attr=m.Name("append") | m.Name("extend") | m.Name("add_batch")
+                                               | m.Name("update"))))
+
+
+@dataclass
+class Gather:
+    """Where to gather (after ``statement``, in ``block``) and which names."""
+
+    block: cst.IndentedBlock
+    statement: cst.BaseStatement
+    names: list[str]
+
+
+def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Optional[Gather]:
+    """An evaluation loop over a prepared dataloader whose model outputs and labels feed metrics.
+
+    ``None`` when the loop trains (calls ``.backward()``), already gathers, or is not
+    of the plain shape accelify can rewrite: ``out = model(...)`` followed by
+    counters (``+=``) or ``append``/``add_batch``/``update`` calls over names.
+    """
+    if ref_of(visitor, peel_iterable(visitor, loop.iter)) not in plan.flow["loader"]:
+        return None
+    if m.findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))):
+        return None
+    batch = set(assigned_names(loop.target))
+    rows = list(_statements(loop.body))
+    for position, (block, stmt) in enumerate(rows):
+        assign = simple_assign(stmt)
+        if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+            if assign is not None:
+                root = root_name(assign.value)
+                if root is not None and root.value in batch:
+                    batch |= {n for t in assign.targets for n in assigned_names(t.target)}
+            continue
+        value = assign.value.value if isinstance(assign.value, cst.Attribute) else assign.value
+        if not (isinstance(value, cst.Call) and ref_of(visitor, value.func) in plan.flow["model"]):
+            root = root_name(assign.value)
+            if root is not None and root.value in batch:
+                batch.add(assign.targets[0].target.value)
+            continue
+        output = assign.targets[0].target.value
+        metrics = [s for _, s in rows[position + 1 :] if m.matches(s, m.SimpleStatementLine(body=[m.AugAssign() | _METRIC_CALLS]))]
+        if not metrics:
+            return None
+        names: list[str] = [output]
+        for metric in metrics:
+            # Labels are the batch names the metrics read (`target`, or a whole `batch` dict).
+            for node in m.findall(metric, m.Name()):
+                if node.value in batch and node.value not in names:  # type: ignore[attr-defined]
+                    names.append(node.value)  # type: ignore[attr-defined]
+        return Gather(block, stmt, names)
+    return None
+
+
+def _statements(block: cst.BaseSuite) -> Sequence[tuple[cst.IndentedBlock, cst.BaseStatement]]:
+    """The loop body's statements, with those of a ``with`` directly in it (``with torch.no_grad():``)."""
+    out: list[tuple[cst.IndentedBlock, cst.BaseStatement]] = []
+    if not isinstance(block, cst.IndentedBlock):
+        return out
+    for stmt in block.body:
+        out.append((block, stmt))
+        if isinstance(stmt, cst.With) and isinstance(stmt.body, cst.IndentedBlock):
+            out.extend(_statements(stmt.body))
+    return out
+
+
+class GatherForMetrics(AccelifyCodemod):
+    """In evaluation loops, gather model outputs and labels before they feed a metric.
+
+    A prepared dataloader gives each process a shard: without a gather, every
+    process counts only its own samples.  ``gather_for_metrics`` also drops the
+    samples repeated to fill the last, uneven batch, so each sample counts once.
+
+    Before::
+
+        import torch
+        from torch.utils.data import DataLoader
+
+        test_loader = DataLoader(test_set, batch_size=32)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for data, target in test_loader:
+            output = model(data)
+            correct += (output.argmax(dim=1) == target).sum().item()
+
+    After::
+
+        import torch
+        from torch.utils.data import DataLoader
+
+        test_loader = DataLoader(test_set, batch_size=32)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for data, target in test_loader:
+            output = model(data)
+            output, target = accelerator.gather_for_metrics((output, target))
+            correct += (output.argmax(dim=1) == target).sum().item()
+    """
+
+    CODE = "ACC011"
+    NAME = "gather-for-metrics"
+    DESCRIPTION = "In eval loops, outputs and labels go through accelerator.gather_for_metrics before metrics."
+    REQUIRES = frozenset({"ACC001", "ACC004"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "+=" in code or ".append(" in code or ".add_batch(" in code or ".update(" in code
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._after: dict[int, tuple[cst.BaseStatement, str]] = {}
+
+    def visit_For(self, node: cst.For) -> None:
+        gather = find_gather(self, node, self.plan)
+        if gather is None:
+            return
+        accelerator = self.accelerator_at(node)
+        if accelerator is None:
+            self.finding(
+                node, "ACC114", "evaluation metrics over a prepared dataloader count one process's shard only.",
+                "pass the accelerator here and gather outputs and labels with `accelerator.gather_for_metrics(...)`.",
+            )
+            return
+        names = ", ".join(gather.names)
+        value = f"({names})" if len(gather.names) > 1 else names
+        self._after[id(gather.statement)] = (gather.statement, f"{names} = {accelerator}.gather_for_metrics({value})\n")
+        self.change(gather.statement, f"`{names}` gathered from every process before the metrics")
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        updated_node = super().leave_IndentedBlock(original_node, updated_node)
+        if not any(id(s) in self._after for s in original_node.body):
+            return updated_node
+        body: list[cst.BaseStatement] = []
+        for original, updated in zip(original_node.body, updated_node.body):
+            body.append(updated)
+            if id(original) in self._after:
+                body.append(self.parse_statement(self._after[id(original)][1]))
+        return updated_node.with_changes(body=body)
