@@ -23,7 +23,9 @@ from e2e import FIXTURES, assert_ok, run_single_process, run_two_cpu_processes, 
 
 from accelify.pipeline import convert_source  # noqa: E402
 
-RUNNABLE = ["mnist_functions", "class_trainer", "gan_two_optimizers", "data_parallel", "teacher_in_main"]
+RUNNABLE = [
+    "mnist_functions", "class_trainer", "gan_two_optimizers", "data_parallel", "teacher_in_main", "two_schedulers",
+]
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).
 _EPOCH = re.compile(r"\bepoch:?\s*(\d+)", re.IGNORECASE)
@@ -36,7 +38,8 @@ def loss_lines(stdout: str) -> list[str]:
 
 
 def eval_lines(stdout: str) -> list[str]:
-    return [line for line in stdout.splitlines() if line.startswith("Test set")]
+    """Evaluation results (mnist_functions) and learning rates after each epoch (two_schedulers)."""
+    return [line for line in stdout.splitlines() if line.startswith(("Test set", "after epoch"))]
 
 
 def steps_per_epoch(lines: list[str]) -> Counter:
@@ -126,9 +129,13 @@ def test_two_cpu_processes_shard_the_data(case, single_runs):
     # (gather_for_metrics; 70 samples in batches of 32 leave an uneven last batch).
     evaluations = eval_lines(rank0_out)
     assert len(evaluations) == len(eval_lines(single_runs["before"].stdout))
-    for line in evaluations:
+    for line in (e for e in evaluations if e.startswith("Test set")):
         seen, total = re.search(r"(\d+) of (\d+)", line).groups()
         assert seen == total, line
+    # Learning rates after each epoch are the one-process values: the per-batch scheduler
+    # is prepared (stepped once per process), the per-epoch one is not.
+    learning_rates = [e for e in evaluations if e.startswith("after epoch")]
+    assert learning_rates == [e for e in eval_lines(single_runs["before"].stdout) if e.startswith("after epoch")]
 
 def test_checkpoint_is_the_plain_model_once(tmp_path):
     """mnist_functions saves `model.state_dict()`: converted, two processes write one checkpoint
