@@ -25,6 +25,9 @@ FINDINGS: dict[str, str] = {
     "reported, it would decay N times too slowly with N processes.",
     "ACC114": "Evaluation metrics over a prepared dataloader in code that cannot reach the Accelerator: "
     "each process would count its own shard only.",
+    "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
+    "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
+    "would hang; reported.",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
 }

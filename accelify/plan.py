@@ -52,6 +52,10 @@ GRAD_SCALERS = frozenset(
     {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
      "torch.amp.grad_scaler.GradScaler"}
 )
+DISTRIBUTED_SAMPLERS = frozenset(
+    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+)
+COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
 AUTOCASTS = frozenset(
     {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast",
      "torch.cuda.amp.autocast_mode.autocast"}
@@ -267,6 +271,7 @@ class _Analyzer(cst.CSTVisitor):
             return
         self._needs_accelerator()
         self._mixed_precision(module, in_owner)
+        self._multi_process_hazards()
         plan.convertible = True
 
     def _existing_accelerator(self) -> None:
@@ -348,6 +353,38 @@ class _Analyzer(cst.CSTVisitor):
             if node is None or isinstance(node, cst.If):
                 return node
         return None
+
+    # ------------------------------------------------------------------ hazards left for a human
+    def _multi_process_hazards(self) -> None:
+        """Constructs that are fine in one process and wrong in several (ACC115, ACC116)."""
+        for call in self.calls:
+            if has_qname(self, call.func, DISTRIBUTED_SAMPLERS):
+                self.finding(
+                    call, "ACC115", "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
+                    "drop the sampler (use `shuffle=True` on the DataLoader) and let `prepare` shard the data.",
+                )
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in COLLECTIVES
+                and cst.Module(body=[]).code_for_node(func.value) in (self.plan.accelerator, "accelerator")
+                and self._under_main_process_check(call)
+            ):
+                self.finding(
+                    call, "ACC116", f"`{func.attr.value}` is a collective: under a main-process check the other "
+                    "processes never reach it and the run hangs.",
+                    "call it outside the `if accelerator.is_main_process:` block, on every process.",
+                )
+
+    def _under_main_process_check(self, node: cst.CSTNode) -> bool:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None:
+            if isinstance(parent, cst.If) and m.findall(
+                parent.test, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
+            ):
+                return True
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+        return False
 
     # ------------------------------------------------------------------ mixed precision
     def _mixed_precision(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]]) -> None:
