@@ -25,8 +25,9 @@ from .saving import Saving
 #    assignment goes;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
 # 4. mixed precision before backward: `scaler.scale(loss).backward()` becomes `loss.backward()`,
-#    which backward then routes through the accelerator; clipping and saving are independent;
-# 5. the Accelerator last: it goes before the first statement that uses it, which the
+#    which backward then routes through the accelerator; clipping, saving and metric gathering
+#    are independent (gathering after device, whose renamed parameter it may use);
+# 5. the Accelerator near the end: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
