@@ -357,6 +357,20 @@ def receiver_refs(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> I
             return
 
 
+def under_main_process_check(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
+    """Inside ``if accelerator.is_main_process:`` (or ``is_local_main_process``)?"""
+    from libcst.metadata import ParentNodeProvider
+
+    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None:
+        if isinstance(parent, cst.If) and m.findall(
+            parent.test, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
+        ):
+            return True
+        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return False
+
+
 def scope_root(module: cst.Module, key: str) -> Union[cst.Module, cst.FunctionDef, None]:
     """The node whose body is the scope ``key``: the module, or a (possibly nested) function."""
     if key == MODULE:

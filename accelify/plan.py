@@ -45,6 +45,7 @@ from accelify.analysis import (
     scope_root,
     simple_assign,
     string_value,
+    under_main_process_check,
 )
 
 TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
@@ -368,23 +369,13 @@ class _Analyzer(cst.CSTVisitor):
                 isinstance(func, cst.Attribute)
                 and func.attr.value in COLLECTIVES
                 and cst.Module(body=[]).code_for_node(func.value) in (self.plan.accelerator, "accelerator")
-                and self._under_main_process_check(call)
+                and under_main_process_check(self, call)
             ):
                 self.finding(
                     call, "ACC116", f"`{func.attr.value}` is a collective: under a main-process check the other "
                     "processes never reach it and the run hangs.",
                     "call it outside the `if accelerator.is_main_process:` block, on every process.",
                 )
-
-    def _under_main_process_check(self, node: cst.CSTNode) -> bool:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None:
-            if isinstance(parent, cst.If) and m.findall(
-                parent.test, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
-            ):
-                return True
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
-        return False
 
     # ------------------------------------------------------------------ mixed precision
     def _mixed_precision(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]]) -> None:

@@ -7,15 +7,13 @@ from typing import Optional, Union
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import qualified_names, receiver_refs, ref_of
+from accelify.analysis import qualified_names, receiver_refs, ref_of, under_main_process_check
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
 
 _TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
-_MAIN_PROCESS = m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
 
 
 class Saving(AccelifyCodemod):
@@ -72,14 +70,6 @@ class Saving(AccelifyCodemod):
                 return True
         return False
 
-    def _under_main_process_check(self, node: cst.CSTNode) -> bool:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None:
-            if isinstance(parent, cst.If) and m.findall(parent.test, _MAIN_PROCESS):
-                return True
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
-        return False
-
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
@@ -107,7 +97,7 @@ class Saving(AccelifyCodemod):
         save = self.parse_statement(f"{accelerator}.save({accelerator}.unwrap_model({model}).state_dict(), {path})\n")
         RemoveImportsVisitor.remove_unused_import_by_node(self.context, call.func)
         self.change(original_node, "saved once, from the unwrapped model, after every process is done")
-        if self._under_main_process_check(original_node):
+        if under_main_process_check(self, original_node):
             # A barrier here would wait for processes that never get here.
             return save.with_changes(leading_lines=updated_node.leading_lines)
         wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")
