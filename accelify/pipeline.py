@@ -130,6 +130,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     module = AddImportsVisitor(replace(context, wrapper=None)).transform_module(module)
     module = _place_added_imports(before_imports, module)
     module = RemoveImportsVisitor(replace(context, wrapper=None)).transform_module(module)
+    module = _no_new_leading_blank(before_imports, module)
 
     output = module.code
     if _report_only(options):
@@ -212,6 +213,16 @@ def _still_parses(source: str, output: str) -> bool:
 _IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
 
 
+def _no_new_leading_blank(before: cst.Module, after: cst.Module) -> cst.Module:
+    """A removed first import must not leave the file starting with the blank line that followed it."""
+    if not after.body or not before.body or before.body[0].leading_lines or after.header:
+        return after
+    first = after.body[0]
+    if first.leading_lines and all(line.comment is None for line in first.leading_lines):
+        return after.with_changes(body=[first.with_changes(leading_lines=[]), *after.body[1:]])
+    return after
+
+
 def _import_block(module: cst.Module) -> tuple[int, int]:
     """[start, end) of the contiguous imports at the top, after a docstring."""
     start = 0
@@ -243,27 +254,27 @@ def _place_added_imports(before: cst.Module, after: cst.Module) -> cst.Module:
     """Move the ``from x import y`` lines AddImportsVisitor appended to where isort would put them.
 
     LibCST appends new imports at the end of the top import block; black/ruff
-    users keep their third-party ``from`` imports sorted, so the new line goes
-    before the first one that sorts after it.  Blocks without third-party
-    ``from`` imports are left as LibCST made them.
+    users keep their third-party ``from`` imports sorted, so a new line goes
+    before the first existing one that sorts after it.  Blocks without such a
+    line are left as LibCST made them.
     """
     old = {before.code_for_node(s) for s in before.body if m.matches(s, _IMPORT)}
     start, end = _import_block(after)
-    body = list(after.body)
-    added = [i for i in range(start, end) if after.code_for_node(body[i]) not in old]
-    for i in reversed(added):
-        stmt = body[i]
-        kind, name = _module_of(stmt)
-        if kind != "from" or not _third_party(name):
-            continue
-        rest = [j for j in range(start, end) if j not in added]
-        peers = [j for j in rest if _module_of(body[j])[0] == "from" and _third_party(_module_of(body[j])[1])]
-        later = [j for j in peers if _module_of(body[j])[1].lower() > name.lower()]
-        if not later or later[0] > i:
+    block = list(after.body[start:end])
+    added = [s for s in block if after.code_for_node(s) not in old]
+    movable = [s for s in added if _module_of(s)[0] == "from" and _third_party(_module_of(s)[1])]
+    kept = [s for s in block if not any(s is a for a in movable)]
+    for stmt in sorted(movable, key=lambda s: _module_of(s)[1].lower(), reverse=True):
+        name = _module_of(stmt)[1].lower()
+        later = [
+            i for i, s in enumerate(kept)
+            if _module_of(s)[0] == "from" and _third_party(_module_of(s)[1]) and _module_of(s)[1].lower() > name
+        ]
+        if not later:
+            kept.append(stmt)  # nothing sorts after it: where LibCST put it
             continue
         target = later[0]
-        moved = stmt.with_changes(leading_lines=body[target].leading_lines)
-        body[target] = body[target].with_changes(leading_lines=[])
-        body.insert(target, moved)
-        del body[i + 1]
-    return after.with_changes(body=body)
+        kept.insert(target, stmt.with_changes(leading_lines=kept[target].leading_lines))
+        kept[target + 1] = kept[target + 1].with_changes(leading_lines=[])
+    return after.with_changes(body=[*after.body[:start], *kept, *after.body[end:]])
+

@@ -17,6 +17,7 @@ from .mixed_precision import MixedPrecision
 from .placement import RemovePlacement
 from .prepare import Prepare
 from .saving import Saving
+from .seeding import Seeding
 
 # The order matters:
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
@@ -33,7 +34,7 @@ from .saving import Saving
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     RemovePlacement, DataParallel, RemoveDevice, Prepare, MixedPrecision, Backward, Clipping, Saving,
-    GatherForMetrics, AddAccelerator, MainProcessOutput,
+    GatherForMetrics, Seeding, AddAccelerator, MainProcessOutput,
 )
 
 

@@ -1,0 +1,126 @@
+"""ACC012: ``accelerate.utils.set_seed`` where it changes nothing in one process."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+
+from accelify.analysis import qualified_names
+from accelify.plan import Plan
+
+from .base import AccelifyCodemod
+
+_SEEDS = frozenset(
+    {"torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "random.seed", "numpy.random.seed"}
+)
+# Modules known not to draw from Python's or NumPy's global generators: with only these
+# imported, also seeding `random` and `numpy` (as set_seed does) changes nothing.
+_NO_GLOBAL_RNG = frozenset(
+    {"__future__", "accelerate", "argparse", "collections", "copy", "dataclasses", "functools", "itertools",
+     "json", "logging", "math", "os", "pathlib", "sys", "time", "torch", "tqdm", "typing", "warnings"}
+)
+
+
+class Seeding(AccelifyCodemod):
+    """``torch.manual_seed(s)`` (with ``random.seed(s)``/``np.random.seed(s)`` beside it) -> ``set_seed(s)``.
+
+    ``set_seed`` seeds Python, NumPy, torch and every accelerator backend at once.
+    It is used only where the switch cannot change a single-process run: the
+    script seeds ``random`` and ``numpy`` with the same value next to it, or it
+    imports nothing that could draw from their global generators.
+
+    Before::
+
+        import torch
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(args.seed)
+
+    After::
+
+        import torch
+        from accelerate.utils import set_seed
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        set_seed(args.seed)
+    """
+
+    CODE = "ACC012"
+    NAME = "seeding"
+    DESCRIPTION = "torch.manual_seed(s) (+ random/numpy seeds beside it) -> accelerate.utils.set_seed(s), when equivalent."
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "manual_seed(" in code
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._quiet_imports = all(
+            (module or "").split(".")[0] in _NO_GLOBAL_RNG for module in _imported_modules(node)
+        )
+
+    def _seed(self, stmt: cst.BaseStatement) -> Optional[tuple[str, str]]:
+        """(which seed function, the seed's code) for a seeding statement."""
+        if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call(args=[m.Arg(keyword=None)]))])):
+            return None
+        call = stmt.body[0].value  # type: ignore[attr-defined]
+        names = qualified_names(self, call.func) & _SEEDS
+        if not names:
+            return None
+        return names.pop(), cst.Module(body=[]).code_for_node(call.args[0].value)
+
+    def _rewrite(self, original: cst.BaseSuite, updated: cst.BaseSuite) -> list[cst.BaseStatement]:
+        body = list(updated.body)
+        out: list[cst.BaseStatement] = []
+        i = 0
+        while i < len(body):
+            seed = self._seed(original.body[i])
+            if seed is None:
+                out.append(body[i])
+                i += 1
+                continue
+            j = i
+            group: dict[str, str] = {}
+            while j < len(body) and (s := self._seed(original.body[j])) is not None and s[1] == seed[1]:
+                group[s[0]] = s[1]
+                j += 1
+            others = {"random.seed", "numpy.random.seed"} <= set(group)
+            if "torch.manual_seed" in group and (others or self._quiet_imports):
+                statement = self.parse_statement(f"set_seed({seed[1]})\n")
+                out.append(statement.with_changes(leading_lines=body[i].leading_lines))
+                for k in range(i, j):
+                    RemoveImportsVisitor.remove_unused_import_by_node(self.context, original.body[k])
+                AddImportsVisitor.add_needed_import(self.context, "accelerate.utils", "set_seed")
+                self.change(original.body[i], "seeding -> `set_seed` (Python, NumPy, torch, every device)")
+            else:
+                out.extend(body[i:j])
+            i = j
+        return out
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        updated_node = super().leave_IndentedBlock(original_node, updated_node)
+        if len(original_node.body) != len(updated_node.body):
+            return updated_node
+        return updated_node.with_changes(body=self._rewrite(original_node, updated_node))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        updated_node = super().leave_Module(original_node, updated_node)
+        if len(original_node.body) != len(updated_node.body):
+            return updated_node
+        return updated_node.with_changes(body=self._rewrite(original_node, updated_node))
+
+
+def _imported_modules(module: cst.Module) -> list[Optional[str]]:
+    from libcst.helpers import get_full_name_for_node
+
+    out: list[Optional[str]] = []
+    for node in m.findall(module, m.Import() | m.ImportFrom()):
+        if isinstance(node, cst.Import):
+            out.extend(get_full_name_for_node(a.name) for a in node.names)
+        elif node.relative:
+            out.append(None)  # a local module: it may draw from anything
+        else:
+            out.append(get_full_name_for_node(node.module) if node.module else None)  # type: ignore[arg-type]
+    return out
