@@ -28,6 +28,8 @@ FINDINGS: dict[str, str] = {
     "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
     "would hang; reported.",
+    "ACC117": "Gradient accumulation done by hand: kept working as it is and reported "
+    "(`gradient_accumulation_steps` + `accelerator.accumulate(model)` is the Accelerate way).",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
 }

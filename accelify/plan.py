@@ -358,6 +358,14 @@ class _Analyzer(cst.CSTVisitor):
     # ------------------------------------------------------------------ hazards left for a human
     def _multi_process_hazards(self) -> None:
         """Constructs that are fine in one process and wrong in several (ACC115, ACC116)."""
+        for loop in self.loops:
+            if ref_of(self, peel_iterable(self, loop.iter)) in self.plan.flow["loader"] and _manual_accumulation(loop):
+                self.finding(
+                    loop, "ACC117", "gradient accumulation done by hand is kept as it is (it still works, "
+                    "but every process synchronises gradients at each backward).",
+                    "create `Accelerator(gradient_accumulation_steps=N)`, wrap the step in "
+                    "`with accelerator.accumulate(model):` and drop the division and the `% N` test.",
+                )
         for call in self.calls:
             if has_qname(self, call.func, DISTRIBUTED_SAMPLERS):
                 self.finding(
@@ -623,6 +631,19 @@ class _Analyzer(cst.CSTVisitor):
 
     def _line(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line
+
+
+def _manual_accumulation(loop: cst.For) -> bool:
+    """``loss = loss / N`` (or ``/=``) and an optimizer step under ``if ... % N == 0`` in the same loop."""
+    divides = bool(m.findall(loop.body, m.AugAssign(operator=m.DivideAssign()))) or bool(
+        m.findall(loop.body, m.Assign(value=m.BinaryOperation(operator=m.Divide())))
+    )
+    if not divides:
+        return False
+    for branch in m.findall(loop.body, m.If(test=m.Comparison(left=m.BinaryOperation(operator=m.Modulo())))):
+        if m.findall(branch, m.Call(func=m.Attribute(attr=m.Name("step")))):  # type: ignore[arg-type]
+            return True
+    return False
 
 
 def _target_elements(target: cst.BaseExpression) -> list[cst.BaseExpression]:
