@@ -84,19 +84,11 @@ class AddAccelerator(AccelifyCodemod):
         self._target, self._index = block, index
         AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
 
-    def _insert(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def edit_body(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        if original is not self._target:
+            return body
         anchor = original.body[min(self._index, len(original.body) - 1)]
         self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
         args = self.plan.accelerator_args()
         statement = self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
         return insert_paragraph(body, self._index, statement)
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        if original_node is self._target:
-            return updated_node.with_changes(body=self._insert(original_node, list(updated_node.body)))
-        return updated_node
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if original_node is self._target:
-            return updated_node.with_changes(body=self._insert(original_node, list(updated_node.body)))
-        return updated_node

@@ -159,10 +159,28 @@ class AccelifyCodemod(cst.CSTTransformer):
         leftover = pending if any(line.comment is not None for line in pending) else []
         return out, leftover
 
+    def edit_body(self, original: Union[cst.Module, cst.IndentedBlock], body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Hook for codemods that insert or replace statements of a block.
+
+        ``body`` is the block's updated statements, still one for one with
+        ``original.body`` (removals are applied afterwards); return it unchanged
+        (the same list) when there is nothing to do.
+        """
+        return body
+
+    def _block_body(self, original: Union[cst.Module, cst.IndentedBlock], updated: Union[cst.Module, cst.IndentedBlock]):
+        """(statements after edits and removals, comment lines left over, whether anything changed)."""
+        body = list(updated.body)
+        edited = self.edit_body(original, body)
+        if edited is body and not any(id(s) in self._removed for s in body):
+            return body, [], False
+        kept, leftover = self._rebuild(edited)
+        return kept, leftover, True
+
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        if not any(id(s) in self._removed for s in updated_node.body):
+        body, leftover, changed = self._block_body(original_node, updated_node)
+        if not changed:
             return updated_node
-        body, leftover = self._rebuild(updated_node.body)
         if not body:
             block = updated_node.with_changes(
                 body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=leftover)]
@@ -172,9 +190,9 @@ class AccelifyCodemod(cst.CSTTransformer):
         return updated_node.with_changes(body=body, footer=[*leftover, *updated_node.footer])
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if not any(id(s) in self._removed for s in updated_node.body):
+        body, leftover, changed = self._block_body(original_node, updated_node)
+        if not changed:
             return updated_node
-        body, leftover = self._rebuild(updated_node.body)
         return updated_node.with_changes(body=body, footer=[*leftover, *updated_node.footer])
 
     def emptied(self, block: cst.BaseSuite) -> bool:

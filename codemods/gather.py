@@ -140,13 +140,12 @@ class GatherForMetrics(AccelifyCodemod):
         self._after[id(gather.statement)] = (gather.statement, f"{names} = {accelerator}.gather_for_metrics({value})\n")
         self.change(gather.statement, f"`{names}` gathered from every process before the metrics")
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        updated_node = super().leave_IndentedBlock(original_node, updated_node)
-        if not any(id(s) in self._after for s in original_node.body):
-            return updated_node
-        body: list[cst.BaseStatement] = []
-        for original, updated in zip(original_node.body, updated_node.body):
-            body.append(updated)
-            if id(original) in self._after:
-                body.append(self.parse_statement(self._after[id(original)][1]))
-        return updated_node.with_changes(body=body)
+    def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        if not any(id(s) in self._after for s in original.body):
+            return body
+        out: list[cst.BaseStatement] = []
+        for before, updated in zip(original.body, body):
+            out.append(updated)
+            if id(before) in self._after:
+                out.append(self.parse_statement(self._after[id(before)][1]))
+        return out

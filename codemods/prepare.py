@@ -118,21 +118,11 @@ class Prepare(AccelifyCodemod):
             code = f"(\n{items}) = {call}\n{items})"
         return self.parse_statement(code)
 
-    def _insert(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def edit_body(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        if original is not self._target:
+            return body
         self.change(original.body[self._index - 1], f"`{self.plan.accelerator}.prepare({', '.join(self._names)})` inserted")
         return insert_paragraph(body, self._index, self._statement())
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        updated_node = super().leave_IndentedBlock(original_node, updated_node)
-        if original_node is self._target:
-            return updated_node.with_changes(body=self._insert(original_node, list(updated_node.body)))
-        return updated_node
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        updated_node = super().leave_Module(original_node, updated_node)
-        if original_node is self._target:
-            return updated_node.with_changes(body=self._insert(original_node, list(updated_node.body)))
-        return updated_node
 
 
 def _statements(root: Union[cst.Module, cst.FunctionDef]) -> Sequence[cst.BaseStatement]:

@@ -71,8 +71,9 @@ class Seeding(AccelifyCodemod):
             return None
         return names.pop(), cst.Module(body=[]).code_for_node(call.args[0].value)
 
-    def _rewrite(self, original: cst.BaseSuite, updated: cst.BaseSuite) -> list[cst.BaseStatement]:
-        body = list(updated.body)
+    def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        if not any(self._seed(stmt) is not None for stmt in original.body):
+            return body
         out: list[cst.BaseStatement] = []
         i = 0
         while i < len(body):
@@ -98,18 +99,6 @@ class Seeding(AccelifyCodemod):
                 out.extend(body[i:j])
             i = j
         return out
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        updated_node = super().leave_IndentedBlock(original_node, updated_node)
-        if len(original_node.body) != len(updated_node.body):
-            return updated_node
-        return updated_node.with_changes(body=self._rewrite(original_node, updated_node))
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        updated_node = super().leave_Module(original_node, updated_node)
-        if len(original_node.body) != len(updated_node.body):
-            return updated_node
-        return updated_node.with_changes(body=self._rewrite(original_node, updated_node))
 
 
 def _imported_modules(module: cst.Module) -> list[Optional[str]]:
