@@ -111,20 +111,22 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     if not plan.convertible:
         return Result(path, source, source, findings=sorted(findings))
 
+    code = source  # the text of `module`, rendered once per pass
     for codemod_class in gather_codemods():
         if options.select is not None and codemod_class.CODE not in options.select and not _report_only(options):
             continue
-        if not codemod_class.applies(plan, module.code):
+        if not codemod_class.applies(plan, code):
             continue
         wrapper = MetadataWrapper(module)
         pass_context = replace(context, wrapper=wrapper)
         codemod = codemod_class(pass_context, plan)
-        new_module = wrapper.visit(codemod)
+        module = wrapper.visit(codemod)
         changes.extend(replace(c, line=linemap.to_original(c.line)) for c in codemod.changes)
         findings.extend(place(f) for f in codemod.findings)
-        if new_module.code != module.code:
-            linemap.advance(new_module.code)
-        module = new_module
+        new_code = module.code
+        if new_code != code:
+            linemap.advance(new_code)
+            code = new_code
 
     before_imports = module
     module = AddImportsVisitor(replace(context, wrapper=None)).transform_module(module)
