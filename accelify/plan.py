@@ -284,7 +284,7 @@ class _Analyzer(cst.CSTVisitor):
                         plan.accelerator, plan.has_accelerator = ref[1], True
         wanted = "self.accelerator" if plan.class_mode else "accelerator"
         setup = self.functions.get(plan.setup) if plan.setup != MODULE else None
-        if not plan.has_accelerator and setup is not None and "accelerator" in _param_names(setup):
+        if not plan.has_accelerator and setup is not None and "accelerator" in param_names(setup):
             # The setup function is handed an Accelerator by its caller: use that one.
             plan.accelerator, plan.has_accelerator = "accelerator", True
         if not plan.has_accelerator:
@@ -493,7 +493,7 @@ class _Analyzer(cst.CSTVisitor):
         while changed:
             changed = False
             for name, sites in calls.items():
-                for param in _param_names(self.functions[name]):
+                for param in param_names(self.functions[name]):
                     ref = (name, param)
                     args = [bound.get(param) for _, bound in sites]
                     if any(a is None for a in args):
@@ -505,7 +505,7 @@ class _Analyzer(cst.CSTVisitor):
         if plan.setup != MODULE and not self._is_script:
             return  # a module others may import: its functions' signatures are not ours to change
         for key, param in sorted(plan.flow["device"]):
-            if key in self.functions and param in _param_names(self.functions[key]):
+            if key in self.functions and param in param_names(self.functions[key]):
                 plan.device_params.setdefault(key, []).append(param)
 
     def _call_sites(self, name: str, func: cst.FunctionDef) -> list[tuple[cst.Call, dict[str, cst.BaseExpression]]]:
@@ -524,7 +524,7 @@ class _Analyzer(cst.CSTVisitor):
                 call = self.get_metadata(ParentNodeProvider, access.node, None)
                 if not isinstance(call, cst.Call) or call.func is not access.node:
                     return []
-                bound = _bind(func, call)
+                bound = bind_arguments(func, call)
                 if bound is None:
                     return []
                 sites.append((call, bound))
@@ -654,12 +654,12 @@ def _target_elements(target: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [target]
 
 
-def _param_names(func: cst.FunctionDef) -> list[str]:
+def param_names(func: cst.FunctionDef) -> list[str]:
     p = func.params
     return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
 
 
-def _bind(func: cst.FunctionDef, call: cst.Call) -> Optional[dict[str, cst.BaseExpression]]:
+def bind_arguments(func: cst.FunctionDef, call: cst.Call) -> Optional[dict[str, cst.BaseExpression]]:
     """Map a call's arguments to parameter names; ``None`` for ``*args``/``**kwargs`` calls."""
     p = func.params
     positional = [x.name.value for x in (*p.posonly_params, *p.params)]

@@ -10,7 +10,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ExpressionContext, ExpressionContextProvider
 
 from accelify.analysis import MODULE, key_at, ref_of, simple_assign
-from accelify.plan import _bind, _param_names
+from accelify.plan import bind_arguments, param_names
 
 from accelify.plan import Plan
 
@@ -73,7 +73,7 @@ class RemoveDevice(AccelifyCodemod):
             actions: dict[str, str] = {}
             for i, param in enumerate(params):
                 used = self._remaining_uses(func, key, param)
-                if i == 0 and key in self.plan.needs_accelerator and "accelerator" not in _param_names(func):
+                if i == 0 and key in self.plan.needs_accelerator and "accelerator" not in param_names(func):
                     actions[param] = "rename"
                 elif not used:
                     actions[param] = "remove"
@@ -190,7 +190,7 @@ class RemoveDevice(AccelifyCodemod):
         if ref_of(self, func) != (MODULE, func.value):
             return updated_node
         definition = self._functions[func.value]
-        bound = _bind(definition, original_node)
+        bound = bind_arguments(definition, original_node)
         if bound is None:
             return updated_node
         by_arg = {id(value): name for name, value in bound.items()}
