@@ -12,6 +12,7 @@ from .clipping import Clipping
 from .data_parallel import DataParallel
 from .device import RemoveDevice
 from .gather import GatherForMetrics
+from .loading import Loading
 from .main_process import MainProcessOutput
 from .mixed_precision import MixedPrecision
 from .placement import RemovePlacement
@@ -27,13 +28,14 @@ from .seeding import Seeding
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
 # 4. mixed precision before backward: `scaler.scale(loss).backward()` becomes `loss.backward()`,
 #    which backward then routes through the accelerator; clipping, saving and metric gathering
-#    are independent (gathering after device, whose renamed parameter it may use);
+#    are independent (gathering after device, whose renamed parameter it may use); loading after
+#    prepare, whose statement it compares with, and after saving, whose rewrite it must see;
 # 5. the Accelerator near the end: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, MixedPrecision, Backward, Clipping, Saving,
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, MixedPrecision, Backward, Clipping, Saving, Loading,
     GatherForMetrics, Seeding, AddAccelerator, MainProcessOutput,
 )
 

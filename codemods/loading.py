@@ -1,0 +1,146 @@
+"""ACC014: load a state dict into the unwrapped model once it has been prepared."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from accelify.analysis import iter_statements, key_at, ref_of, scope_root
+from accelify.plan import Plan
+
+from .base import AccelifyCodemod, accelerator_attr
+
+_LOAD = m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))
+_STATE = m.Call(func=m.Attribute(attr=m.Name("state_dict")))
+_UNWRAP = m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])
+
+
+class Loading(AccelifyCodemod):
+    """``model.load_state_dict(...)`` after ``prepare`` -> ``accelerator.unwrap_model(model).load_state_dict(...)``.
+
+    In a multi-process run a prepared model is wrapped (DistributedDataParallel)
+    and its keys carry the wrapper's ``module.`` prefix, so a plain checkpoint only
+    loads into ``accelerator.unwrap_model(model)`` (the model itself when nothing
+    wraps it).
+    Before ``prepare`` the model is still the plain one and is left as it is; so is
+    every load in a file that also keeps the *wrapped* model's ``state_dict()``
+    (``best = copy.deepcopy(model.state_dict())``, a whole-training-state checkpoint),
+    since that is what such a load may be reading back.
+
+    Before::
+
+        import torch
+
+        model = Net()
+        model.load_state_dict(torch.load("pretrained.pt"))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        train(model, optimizer)
+        model.load_state_dict(torch.load("best.pt"))
+
+    After::
+
+        import torch
+
+        model = Net()
+        model.load_state_dict(torch.load("pretrained.pt"))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        train(model, optimizer)
+        accelerator.unwrap_model(model).load_state_dict(torch.load("best.pt"))
+    """
+
+    CODE = "ACC014"
+    NAME = "loading"
+    DESCRIPTION = "model.load_state_dict(...) after prepare -> accelerator.unwrap_model(model).load_state_dict(...)."
+    REQUIRES = frozenset({"ACC001", "ACC004"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "load_state_dict" in code
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._prepares: list[tuple[cst.Call, list[cst.BaseStatement]]] = []
+        root = scope_root(node, self.plan.setup)
+        if root is not None:
+            body = root if isinstance(root, cst.Module) else root.body
+            if isinstance(body, (cst.Module, cst.IndentedBlock)):
+                for stmt, _ in iter_statements(body):
+                    if not isinstance(stmt, cst.SimpleStatementLine):
+                        continue
+                    for call in m.findall(stmt, m.Call(func=m.Attribute(attr=m.Name("prepare")))):
+                        if _code(call.func.value) == self.plan.accelerator:  # type: ignore[attr-defined]
+                            self._prepares.append((call, self._chain(stmt)))  # type: ignore[arg-type]
+        # A load may be reading back a state dict taken from the wrapped model (keys with
+        # the wrapper's prefix): unwrapping the model it goes into would break that pairing.
+        self._wrapped_state = any(self._wrapped(call) for call in m.findall(node, _STATE))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ order in the setup scope
+    def _chain(self, node: cst.CSTNode) -> list[cst.BaseStatement]:
+        """The statements that contain ``node``, outermost first, up to its scope's body."""
+        chain: list[cst.BaseStatement] = []
+        child, parent = node, self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None and not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if isinstance(parent, (cst.Module, cst.IndentedBlock)) and isinstance(child, cst.BaseStatement):
+                chain.append(child)
+            child, parent = parent, self.get_metadata(ParentNodeProvider, parent, None)
+        return chain[::-1]
+
+    def _after_prepare(self, node: cst.CSTNode, receiver: str) -> Optional[bool]:
+        """Does ``node`` (in the setup scope) run after the ``prepare`` of ``receiver``? None: cannot tell."""
+        prepares = [chain for call, chain in self._prepares if any(_code(a.value) == receiver for a in call.args)]
+        if len(prepares) != 1:
+            return None
+        here, there = self._chain(node), prepares[0]
+        for mine, theirs in zip(here, there):
+            if mine is theirs:
+                continue
+            block = self.get_metadata(ParentNodeProvider, mine, None)
+            if block is None or block is not self.get_metadata(ParentNodeProvider, theirs, None):
+                return None  # different branches of one statement
+            body = list(block.body)  # type: ignore[attr-defined]
+            return _index(body, mine) > _index(body, theirs)
+        return None  # the same statement, or one holds the other
+
+    def _wrapped(self, call: cst.Call) -> bool:
+        """``model.state_dict()`` of a prepared model, where it is (or may be) wrapped."""
+        owner = call.func.value  # type: ignore[attr-defined]
+        if m.matches(owner, _UNWRAP) or ref_of(self, owner) not in self.plan.flow["model"]:
+            return False
+        if key_at(self, call) == self.plan.setup and self._after_prepare(call, _code(owner)) is False:
+            return False  # taken before prepare: the plain model's keys
+        return True
+
+    # ------------------------------------------------------------------ the rewrite
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not m.matches(original_node, _LOAD) or self._wrapped_state:
+            return updated_node
+        owner = original_node.func.value  # type: ignore[attr-defined]
+        if ref_of(self, owner) not in self.plan.flow["model"]:
+            return updated_node
+        model = _code(owner)
+        if key_at(self, original_node) == self.plan.setup and not self._after_prepare(original_node, model):
+            return updated_node  # before prepare the model is the plain one
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            return updated_node
+        self.change(original_node, f"`{model}.load_state_dict` -> `{accelerator}.unwrap_model({model}).load_state_dict`")
+        unwrapped = cst.Call(
+            func=accelerator_attr(accelerator, "unwrap_model"),
+            args=[cst.Arg(updated_node.func.value.with_changes(lpar=[], rpar=[]))],  # type: ignore[attr-defined]
+        )
+        return updated_node.with_changes(func=updated_node.func.with_changes(value=unwrapped))  # type: ignore[attr-defined]
+
+
+def _code(node: cst.CSTNode) -> str:
+    """The code of an expression, without the parentheses around it."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        node = node.with_changes(lpar=[], rpar=[])
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _index(body: list[cst.BaseStatement], stmt: cst.BaseStatement) -> int:
+    return next(i for i, s in enumerate(body) if s is stmt)
