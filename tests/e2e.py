@@ -41,7 +41,8 @@ RANK_STDOUT_VAR = "E2E_RANK_STDOUT"
 # not a conversion bug, so 2-process runs execute the converted file
 # *unchanged* via runpy and then shut the process group down cleanly
 # (barrier so no rank tears down while a peer is still in a collective, then
-# destroy). Any exception from the script still propagates (non-zero exit).
+# destroy, then os._exit(0) so that no C++ destructor runs at interpreter exit).
+# Any exception from the script still propagates (non-zero exit).
 #
 # When $E2E_RANK_STDOUT is set, file descriptor 1 of each rank is pointed at
 # its own file before the script runs, so the ranks' prints can neither
@@ -71,6 +72,11 @@ DIST_WRAPPER = textwrap.dedent(
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+    # The script ran to its end and the process group is gone: leave without the
+    # interpreter's teardown, where gloo's threads were still seen to abort.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
     """
 )
 
