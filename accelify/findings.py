@@ -19,8 +19,8 @@ FINDINGS: dict[str, str] = {
     "left as it is.",
     "ACC109": "A placement or `.module` in code that cannot reach the Accelerator: left as it is.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: left as it is.",
-    "ACC112": "Mixed precision that cannot be mapped (a scaler switched by `enabled=`, saved, or passed around; "
-    "float16 and bfloat16 mixed): left as it is.",
+    "ACC112": "Mixed precision that cannot be mapped (switched by different `enabled=` flags or in some places only, "
+    "a scaler saved or passed around, float16 and bfloat16 mixed): left as it is.",
     "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
     "reported, it would decay N times too slowly with N processes.",
     "ACC114": "Evaluation metrics over a prepared dataloader in code that cannot reach the Accelerator: "
@@ -28,8 +28,13 @@ FINDINGS: dict[str, str] = {
     "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
     "would hang; reported.",
-    "ACC117": "Gradient accumulation done by hand: kept working as it is and reported "
-    "(`gradient_accumulation_steps` + `accelerator.accumulate(model)` is the Accelerate way).",
+    "ACC117": "Gradient accumulation done by hand that `accelerator.accumulate` would not reproduce exactly "
+    "(no step at the end of the dataloader, a divided loss that is logged, ...): kept working as it is and reported.",
+    "ACC118": "An optimizer wrapper (Lookahead, ScheduledOptim, ...): `prepare` only wraps `torch.optim.Optimizer`, "
+    "so accumulation and mixed precision are not converted; reported.",
+    "ACC119": "A `break`/`return` out of the training loop decided by a value each process computes from its own "
+    "shard (a validation loss, a batch loss): processes would stop at different steps; reported "
+    "(`accelerator.set_trigger()` + `accelerator.check_trigger()`).",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
 }

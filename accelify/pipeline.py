@@ -101,6 +101,8 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     context = CodemodContext(filename=path, full_module_name=None, full_package_name=None)
     context.scratch["accelify.line_length"] = options.line_length
     plan = analyze(MetadataWrapper(module))
+    if not _report_only(options):
+        plan.restrict(options.select)
     linemap = _LineMap(source)
 
     def place(raw: RawFinding) -> Finding:
@@ -121,6 +123,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
         pass_context = replace(context, wrapper=wrapper)
         codemod = codemod_class(pass_context, plan)
         module = wrapper.visit(codemod)
+        codemod.finished()
         changes.extend(replace(c, line=linemap.to_original(c.line)) for c in codemod.changes)
         findings.extend(place(f) for f in codemod.findings)
         new_code = module.code

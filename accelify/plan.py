@@ -18,6 +18,7 @@ from typing import Optional, Union
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import (
+    Assignment,
     GlobalScope,
     MetadataWrapper,
     ParentNodeProvider,
@@ -26,6 +27,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
+from accelify.accumulation import code_of
 from accelify.analysis import (
     ACCELERATOR_CLASS,
     DATALOADERS,
@@ -42,6 +44,7 @@ from accelify.analysis import (
     qualified_names,
     ref_of,
     assigned_names,
+    scope_key,
     scope_root,
     simple_assign,
     string_value,
@@ -88,6 +91,10 @@ class Plan:
     mixed_precision: Optional[str] = None
     #: GradScaler names in the setup scope, replaced by the Accelerator's own scaling
     scalers: set[str] = field(default_factory=set)
+    #: ``Accelerator(gradient_accumulation_steps=<this>)`` when a hand-written accumulation is replaced
+    accumulation_steps: Optional[str] = None
+    #: names the Accelerator's arguments read: it must be created after they are bound
+    argument_names: set[str] = field(default_factory=set)
     #: every ref of each kind, setup objects and helper parameters alike
     flow: dict[str, set[Ref]] = field(default_factory=lambda: {k: set() for k in KINDS})
     #: module-level helper -> its parameters that carry the device
@@ -110,7 +117,20 @@ class Plan:
             args.append(f"cpu={self.cpu_flag}")
         if self.mixed_precision:
             args.append(f"mixed_precision={self.mixed_precision}")
+        if self.accumulation_steps:
+            args.append(f"gradient_accumulation_steps={self.accumulation_steps}")
         return ", ".join(args)
+
+    def restrict(self, codes: Optional[frozenset[str]]) -> None:
+        """Forget the Accelerator arguments whose codemod does not run: ``mixed_precision="fp16"``
+        without ACC010 would scale a loss the script's own GradScaler scales too, and
+        ``gradient_accumulation_steps`` without ACC013 would divide it twice."""
+        if codes is None:
+            return
+        if "ACC010" not in codes:
+            self.mixed_precision, self.scalers = None, set()
+        if "ACC013" not in codes:
+            self.accumulation_steps = None
 
     def refs(self, names: list[str]) -> set[Ref]:
         return {(self.owner, n) for n in names}
@@ -144,6 +164,9 @@ class _Analyzer(cst.CSTVisitor):
         self.backwards: list[cst.Call] = []
         self.calls: list[cst.Call] = []
         self.loops: list[cst.For] = []
+        self._scheduler_calls: list[cst.Call] = []  # constructions of the per-batch schedulers
+        self.whiles: list[cst.While] = []
+        self.exits: list[cst.CSTNode] = []  # break and return statements
         self._is_script = False  # has an `if __name__ == "__main__":` block
 
     # ------------------------------------------------------------------ collection
@@ -167,6 +190,15 @@ class _Analyzer(cst.CSTVisitor):
     def visit_For(self, node: cst.For) -> None:
         self.loops.append(node)
 
+    def visit_While(self, node: cst.While) -> None:
+        self.whiles.append(node)
+
+    def visit_Break(self, node: cst.Break) -> None:
+        self.exits.append(node)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.exits.append(node)
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
             self.functions[node.name.value] = node
@@ -179,6 +211,7 @@ class _Analyzer(cst.CSTVisitor):
         self.calls.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        self._module = original_node
         self._finish(original_node)  # metadata is only available during the visit
 
     # ------------------------------------------------------------------ classification
@@ -204,6 +237,10 @@ class _Analyzer(cst.CSTVisitor):
         names = qualified_names(self, call.func)
         if any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names):
             return True
+        return self._takes_optimizer(call, optimizers) and _scheduler_like(names)
+
+    def _takes_optimizer(self, call: cst.Call, optimizers: set[Ref]) -> bool:
+        """``Thing(optimizer, ...)`` / ``Thing(optimizer=optimizer)``: a scheduler or an optimizer wrapper."""
         for i, arg in enumerate(call.args):
             positional_first = i == 0 and arg.keyword is None
             if (positional_first or (arg.keyword is not None and arg.keyword.value == "optimizer")) and ref_of(
@@ -271,7 +308,11 @@ class _Analyzer(cst.CSTVisitor):
         if not plan.has_prepare and not self._prepare_point_ok(module):
             return
         self._needs_accelerator()
+        self._anchor = min((self._line(a) for ref, assigns in in_owner.items()
+                            if ref[1] in plan.devices or ref[1] in plan.core() for a in assigns), default=0)
+        self._wrapped = self._optimizer_wrappers(in_owner, optimizers)
         self._mixed_precision(module, in_owner)
+        self._accumulation(module)
         self._multi_process_hazards()
         plan.convertible = True
 
@@ -355,17 +396,138 @@ class _Analyzer(cst.CSTVisitor):
                 return node
         return None
 
+    # ------------------------------------------------------------------ the Accelerator's arguments
+    def _available_at_setup(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """Can the Accelerator, created in the setup scope before the device and the training
+        objects, evaluate ``expr`` (written at ``at``) and get the same value?
+
+        Literals, and names (or ``name.attr``) bound once: a parameter of the setup function, a
+        module-level name, or a setup-scope name bound before the first device or training object.
+        """
+        if isinstance(expr, cst.Integer):
+            return True
+        root = expr
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if not isinstance(root, cst.Name):
+            return False
+        here = self.get_metadata(ScopeProvider, at, None)
+        setup_root = scope_root(self._module, self.plan.setup)
+        if here is None or setup_root is None:
+            return False
+        first = setup_root.body[0] if isinstance(setup_root, cst.Module) else setup_root.body.body[0]
+        there = self.get_metadata(ScopeProvider, first, None)
+        if there is None:
+            return False
+        found, seen = here[root.value], there[root.value]
+        if len(found) != 1 or found != seen:
+            return False
+        assignment = next(iter(found))
+        if not isinstance(assignment, Assignment):
+            return False
+        key = scope_key(assignment.scope)
+        if key == MODULE and self.plan.setup != MODULE:
+            return True
+        if key != self.plan.setup:
+            return False
+        if isinstance(assignment.node, cst.Param):
+            return True
+        return self._line(assignment.node) < self._anchor
+
+    def _use_argument(self, expr: cst.BaseExpression) -> str:
+        """Record that the Accelerator reads ``expr`` (it is created after its names are bound)."""
+        self.plan.argument_names |= {n.value for n in m.findall(expr, m.Name()) if not _is_attr_name(expr, n)}
+        return code_of(expr)
+
+    def _optimizer_wrappers(self, in_owner: dict[Ref, list[cst.Assign]], optimizers: dict) -> bool:
+        """ACC118: an object that wraps the optimizer and steps it itself (Lookahead, ScheduledOptim).
+
+        ``accelerator.prepare`` only wraps ``torch.optim.Optimizer`` instances, so such a
+        wrapper steps an optimizer that knows nothing of gradient accumulation or of the
+        Accelerator's loss scaling: those two rewrites are refused where one exists.
+        """
+        wrappers = []
+        for ref, (assign, _) in optimizers.items():
+            call = assign.value
+            names = qualified_names(self, call.func)  # type: ignore[attr-defined]
+            if any(n.startswith("torch.optim.") for n in names):
+                continue
+            inner = [c for arg in call.args for c in m.findall(arg.value, m.Call())  # type: ignore[attr-defined]
+                     if any(n.startswith("torch.optim.") for n in qualified_names(self, c.func))]  # type: ignore[attr-defined]
+            if inner:
+                wrappers.append(assign)
+        for ref, assigns in in_owner.items():
+            for assign in assigns:
+                value = assign.value
+                if ref in optimizers or not isinstance(value, cst.Call) or self._single_target(assign) != ref:
+                    continue
+                if self._takes_optimizer(value, set(optimizers)) and not self._is_scheduler(value, set(optimizers)):
+                    if not m.matches(value.func, m.Attribute(attr=m.Name("prepare"))):
+                        wrappers.append(assign)
+        for assign in wrappers:
+            self.finding(
+                assign, "ACC118", "an optimizer wrapper: `accelerator.prepare` only wraps `torch.optim.Optimizer` "
+                "instances, so this object steps an optimizer that knows nothing of gradient accumulation or "
+                "mixed precision.",
+                "prepare the inner `torch.optim` optimizer and build the wrapper on what `prepare` returns "
+                "(or make the wrapper a `torch.optim.Optimizer` subclass).",
+            )
+        return bool(wrappers)
+
+    # ------------------------------------------------------------------ gradient accumulation
+    def _accumulation(self, module: cst.Module) -> None:
+        """Replace a hand-written accumulation by Accelerate's when the update is provably the same (ACC117 else)."""
+        from accelify.accumulation import looks_manual, match
+
+        plan = self.plan
+        loops = [
+            loop for loop in self.loops
+            if ref_of(self, peel_iterable(self, loop.iter)) in plan.flow["loader"] and looks_manual(loop)
+        ]
+        for loop in loops:
+            found = match(self, loop, plan)
+            reason = found if isinstance(found, str) else None
+            if reason is None:
+                if len(loops) != 1:
+                    reason = "more than one loop accumulates gradients"
+                elif plan.has_accelerator:
+                    reason = "the script already has an Accelerator"
+                elif self._wrapped:
+                    reason = "the optimizer is wrapped (ACC118)"
+                elif not all(self._plain_scheduler(c) for c in self._scheduler_calls):
+                    reason = ("a prepared scheduler that is not a plain `torch.optim.lr_scheduler` one (Accelerate "
+                              "counts the accumulated batches in `_step_count`, which OneCycleLR reads)")
+                elif len(self.backwards) != 1:
+                    reason = "the file calls `.backward()` more than once, and the Accelerator divides every loss"
+                elif plan.accelerator_in(key_at(self, loop)) is None:
+                    reason = "this loop cannot reach the Accelerator"
+                elif not self._available_at_setup(found.steps, found.steps):  # type: ignore[union-attr]
+                    reason = "N is not known where the Accelerator is created"
+            if reason is not None:
+                self.finding(
+                    loop, "ACC117", f"gradient accumulation done by hand is kept as it is: {reason}.",
+                    "create `Accelerator(gradient_accumulation_steps=N)`, put the loop body under "
+                    "`with accelerator.accumulate(model):`, drop the division by N and step when "
+                    "`accelerator.sync_gradients` (every N batches and at the end of the dataloader).",
+                )
+                continue
+            plan.accumulation_steps = self._use_argument(found.steps)  # type: ignore[union-attr]
+
+    def _plain_scheduler(self, call: cst.Call) -> bool:
+        """A scheduler whose learning rate does not depend on ``_step_count`` under ``accumulate``."""
+        names = qualified_names(self, call.func)
+        if any(n.endswith("OneCycleLR") for n in names):
+            return False
+        return any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names)
+
     # ------------------------------------------------------------------ hazards left for a human
     def _multi_process_hazards(self) -> None:
-        """Constructs that are fine in one process and wrong in several (ACC115, ACC116)."""
-        for loop in self.loops:
-            if ref_of(self, peel_iterable(self, loop.iter)) in self.plan.flow["loader"] and _manual_accumulation(loop):
-                self.finding(
-                    loop, "ACC117", "gradient accumulation done by hand is kept as it is (it still works, "
-                    "but every process synchronises gradients at each backward).",
-                    "create `Accelerator(gradient_accumulation_steps=N)`, wrap the step in "
-                    "`with accelerator.accumulate(model):` and drop the division and the `% N` test.",
-                )
+        """Constructs that are fine in one process and wrong in several (ACC115, ACC116, ACC119)."""
+        from accelify.early_stop import EarlyStops
+
+        self.plan.findings.extend(
+            EarlyStops(self, self.plan, self._module, [*self.loops, *self.whiles], self.exits).findings()
+        )
         for call in self.calls:
             if has_qname(self, call.func, DISTRIBUTED_SAMPLERS):
                 self.finding(
@@ -405,25 +567,65 @@ class _Analyzer(cst.CSTVisitor):
 
         if plan.has_accelerator:
             return refuse("the script already has an Accelerator")
+        if self._wrapped:
+            return refuse("the optimizer is wrapped (ACC118), `prepare` would not unscale its gradients")
         if len(scalers) > 1 or len({r for r, _ in scalers}) > 1:
             return refuse("more than one GradScaler")
         precisions = set()
+        switches: list[tuple[Optional[cst.BaseExpression], cst.CSTNode]] = []
         if scalers:
             ref, assign = scalers[0]
-            if any(a.keyword is None or a.keyword.value == "enabled" for a in assign.value.args):  # type: ignore[union-attr]
-                return refuse("the GradScaler is switched by an argument (`enabled=`)")
+            switch = self._scaler_switch(assign.value)  # type: ignore[arg-type]
+            if switch is False:
+                return refuse("the GradScaler has arguments Accelerate does not take from it")
+            switches.append((switch, assign))  # type: ignore[arg-type]
             if not self._scaler_uses_ok(module, ref):
                 return refuse("the GradScaler is used beyond `scale(loss).backward()`, `step`, `update` and `unscale_`")
             precisions.add("fp16")
         for call in autocasts:
-            precision = self._autocast_precision(call)
-            if precision is None:
+            found = self._autocast_precision(call)
+            if found is None:
                 return refuse("an autocast that is not a plain `with` on CUDA with a float16/bfloat16 dtype")
+            precision, switch = found
             precisions.add(precision)
+            switches.append((switch, call))
         if len(precisions) != 1:
             return refuse("float16 and bfloat16 are mixed")
-        plan.mixed_precision = f'"{precisions.pop()}"'
+        flags = {None if flag is None else "".join(code_of(flag).split()) for flag, _ in switches}
+        if len(flags) != 1:
+            if None in flags:
+                return refuse("mixed precision is switched by `enabled=` in some places only")
+            return refuse("mixed precision is switched by different flags")
+        precision = f'"{precisions.pop()}"'
+        flag = switches[0][0]
+        if flag is not None:
+            if not all(self._available_at_setup(f, at) for f, at in switches):  # type: ignore[arg-type]
+                return refuse("the `enabled=` flag is not known where the Accelerator is created")
+            text = self._use_argument(flag)
+            if not isinstance(flag, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+                text = f"({text})"
+            precision = f'{precision} if {text} else "no"'
+        plan.mixed_precision = precision
         plan.scalers = {r[1] for r, _ in scalers}
+
+    def _scaler_switch(self, call: cst.Call):
+        """None (always on), the ``enabled=`` expression, or False when an argument cannot be mapped."""
+        generic = has_qname(self, call.func, frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"}))
+        switch = None
+        for i, arg in enumerate(call.args):
+            keyword = arg.keyword.value if arg.keyword is not None else None
+            if keyword is None and generic and i == 0:
+                keyword = "device"
+            if keyword == "device":
+                if string_value(arg.value) != "cuda":
+                    return False
+            elif keyword == "enabled":
+                switch = _switch(arg.value)
+                if switch is False:
+                    return False
+            else:
+                return False
+        return switch
 
     def _scaler_uses_ok(self, module: cst.Module, ref: Ref) -> bool:
         name = ref[1]
@@ -451,13 +653,15 @@ class _Analyzer(cst.CSTVisitor):
                 return False
         return True
 
-    def _autocast_precision(self, call: cst.Call) -> Optional[str]:
+    def _autocast_precision(self, call: cst.Call) -> Optional[tuple[str, Optional[cst.BaseExpression]]]:
+        """("fp16"|"bf16", the ``enabled=`` flag or None) of a ``with`` autocast accelify can map."""
         if not isinstance(self.get_metadata(ParentNodeProvider, call, None), cst.WithItem):
             return None
         if self.plan.accelerator_in(key_at(self, call)) is None:
             return None
         generic = not has_qname(self, call.func, frozenset({"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}))
         dtype: Optional[cst.BaseExpression] = None
+        switch: Optional[cst.BaseExpression] = None
         for i, arg in enumerate(call.args):
             keyword = arg.keyword.value if arg.keyword is not None else None
             if keyword is None and generic and i == 0:
@@ -469,15 +673,20 @@ class _Analyzer(cst.CSTVisitor):
                     return None
             elif keyword == "dtype":
                 dtype = arg.value
+            elif keyword == "enabled":
+                found = _switch(arg.value)
+                if found is False:
+                    return None
+                switch = found  # type: ignore[assignment]
             else:
-                return None  # enabled=, cache_enabled=, or positional flags: not mapped
+                return None  # cache_enabled=, or positional flags: not mapped
         if dtype is None:
-            return "fp16"
+            return "fp16", switch
         names = qualified_names(self, dtype)
         if names & {"torch.bfloat16"}:
-            return "bf16"
+            return "bf16", switch
         if names & {"torch.float16", "torch.half"}:
-            return "fp16"
+            return "fp16", switch
         return None
 
     # ------------------------------------------------------------------ helper functions
@@ -557,6 +766,7 @@ class _Analyzer(cst.CSTVisitor):
         for ref, assign in sorted(found, key=lambda x: self._line(x[1])):
             if self._stepped_per_batch(ref):
                 plan.schedulers.append(ref[1])
+                self._scheduler_calls.append(assign.value)  # type: ignore[arg-type]
         self._early_lengths(module, found)
 
     def _early_lengths(self, module: cst.Module, found: list[tuple[Ref, cst.Assign]]) -> None:
@@ -633,17 +843,30 @@ class _Analyzer(cst.CSTVisitor):
         return self.get_metadata(PositionProvider, node).start.line
 
 
-def _manual_accumulation(loop: cst.For) -> bool:
-    """``loss = loss / N`` (or ``/=``) and an optimizer step under ``if ... % N == 0`` in the same loop."""
-    divides = bool(m.findall(loop.body, m.AugAssign(operator=m.DivideAssign()))) or bool(
-        m.findall(loop.body, m.Assign(value=m.BinaryOperation(operator=m.Divide())))
-    )
-    if not divides:
+_SCHEDULER_NAME = re.compile(r"sched|lr|warmup|decay|anneal|cycl|plateau", re.I)
+
+
+def _is_attr_name(expr: cst.BaseExpression, name: cst.Name) -> bool:
+    """Is ``name`` the ``.attr`` part of an attribute in ``expr`` (``args.steps``: ``steps``)?"""
+    return any(a.attr is name for a in m.findall(expr, m.Attribute()))  # type: ignore[attr-defined]
+
+
+def _switch(value: cst.BaseExpression):
+    """``enabled=<value>``: None when always on (``True``), False when always off, else the flag."""
+    if m.matches(value, m.Name("True")):
+        return None
+    if m.matches(value, m.Name("False")):
         return False
-    for branch in m.findall(loop.body, m.If(test=m.Comparison(left=m.BinaryOperation(operator=m.Modulo())))):
-        if m.findall(branch, m.Call(func=m.Attribute(attr=m.Name("step")))):  # type: ignore[arg-type]
-            return True
-    return False
+    return value
+
+
+def _scheduler_like(names: set[str]) -> bool:
+    """A home-made class that takes the optimizer: a scheduler by its name, unless it is named an
+    optimizer (``ScheduledOptim``, ``NoamOpt`` wrap the optimizer and step it themselves)."""
+    last = [n.rsplit(".", 1)[-1] for n in names]
+    if any(_OPTIMIZER_NAME.search(n) or re.search(r"opt", n, re.I) for n in last):
+        return False
+    return any(_SCHEDULER_NAME.search(n) for n in last)
 
 
 def _target_elements(target: cst.BaseExpression) -> list[cst.BaseExpression]:

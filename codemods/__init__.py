@@ -6,6 +6,7 @@ Installed as ``accelify.codemods``; inside the repository the folder is ``codemo
 from __future__ import annotations
 
 from .accelerator import AddAccelerator
+from .accumulation import GradientAccumulation
 from .backward import Backward
 from .base import AccelifyCodemod
 from .clipping import Clipping
@@ -26,7 +27,9 @@ from .seeding import Seeding
 # 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
 #    assignment goes;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
-# 4. mixed precision before backward: `scaler.scale(loss).backward()` becomes `loss.backward()`,
+# 4. gradient accumulation before mixed precision and backward: it must still see the loss
+#    divided right before its `.backward()` (or `scaler.scale(loss).backward()`);
+#    mixed precision before backward: `scaler.scale(loss).backward()` becomes `loss.backward()`,
 #    which backward then routes through the accelerator; clipping, saving and metric gathering
 #    are independent (gathering after device, whose renamed parameter it may use); loading after
 #    prepare, whose statement it compares with, and after saving, whose rewrite it must see;
@@ -35,7 +38,7 @@ from .seeding import Seeding
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, MixedPrecision, Backward, Clipping, Saving, Loading,
+    RemovePlacement, DataParallel, RemoveDevice, Prepare, GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading,
     GatherForMetrics, Seeding, AddAccelerator, MainProcessOutput,
 )
 

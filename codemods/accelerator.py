@@ -77,10 +77,17 @@ class AddAccelerator(AccelifyCodemod):
         if best is None:
             return
         block, index = best
+        first_use = index
         if block is node:
             imports = [i for i, stmt in enumerate(node.body[:index]) if m.matches(stmt, _IMPORT)]
             if imports:
                 index = imports[-1] + 1
+        # Its arguments (`gradient_accumulation_steps=N`, an `enabled=` flag) must be bound first.
+        arguments = [i for i, stmt in enumerate(block.body) if binds(stmt, self.plan.argument_names)]
+        if any(i >= first_use for i in arguments):
+            raise RuntimeError("an argument of the Accelerator is bound after its first use")
+        if arguments:
+            index = max(index, arguments[-1] + 1)
         self._target, self._index = block, index
         AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
 

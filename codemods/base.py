@@ -75,6 +75,10 @@ class AccelifyCodemod(cst.CSTTransformer):
         """A cheap necessary condition: when False the pass could change nothing and is skipped."""
         return True
 
+    def finished(self) -> None:
+        """Called once the pass is over: raise if it could not carry out what the plan promised
+        (the pipeline then leaves the file unchanged and reports an internal error)."""
+
     # ------------------------------------------------------------------ examples
     @classmethod
     def example(cls) -> tuple[str, str]:

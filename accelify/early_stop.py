@@ -1,0 +1,174 @@
+"""ACC119: leaving the training loop on a value each process computes from its own shard.
+
+After ``prepare`` every process sees a different part of the data, so a
+validation loss or a batch loss differs between processes.  ``if val_loss >
+best: break`` then stops one process and not the others, and the next
+collective (a gradient all-reduce, ``gather_for_metrics``, ``wait_for_everyone``)
+waits forever.  Accelerate's answer is ``accelerator.set_trigger()`` on the
+deciding process and ``if accelerator.check_trigger(): break`` on all of them.
+
+Which values differ per process is a small taint analysis over one function:
+the prepared dataloaders are the sources; a name assigned from an expression
+that reads a tainted name, or assigned under an ``if`` whose test does, is
+tainted too; a value passed through ``gather``/``gather_for_metrics``/``reduce``
+is the same on every process again.  Step counters, ``len(loader)`` and
+arguments stay clean, so ``if step >= max_steps: break`` is not reported.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider, PositionProvider
+
+from accelify.analysis import MODULE, RawFinding, key_at, peel_iterable, qualified_names, ref_of
+
+_GATHERS = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes", "check_trigger"})
+Loop = Union[cst.For, cst.While]
+_EMPTY = cst.Module(body=[])
+
+
+def _reads(expr: cst.CSTNode) -> Iterator[str]:
+    """Names (and ``self.x`` attributes) an expression reads, except through a gather."""
+    if isinstance(expr, cst.Call) and m.matches(expr.func, m.Attribute(attr=m.Name())) and expr.func.attr.value in _GATHERS:  # type: ignore[attr-defined]
+        return
+    if isinstance(expr, cst.Name):
+        yield expr.value
+        return
+    if isinstance(expr, cst.Attribute):
+        if isinstance(expr.value, cst.Name) and expr.value.value == "self":
+            yield f"self.{expr.attr.value}"
+        yield from _reads(expr.value)
+        return
+    if isinstance(expr, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
+        return
+    for child in expr.children:
+        yield from _reads(child)
+
+
+def _targets(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if m.matches(target, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        return [f"self.{target.attr.value}"]  # type: ignore[attr-defined]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _targets(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _targets(target.value)
+    return []
+
+
+class EarlyStops:
+    def __init__(self, visitor: cst.MetadataDependent, plan, module: cst.Module, loops: list[Loop], exits: list[cst.CSTNode]):
+        self.visitor, self.plan, self.module = visitor, plan, module
+        self.loops, self.exits = loops, exits
+        self._taint: dict[int, set[str]] = {}
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.visitor.get_metadata(ParentNodeProvider, node, None)
+
+    def _over_loader(self, loop: Loop) -> bool:
+        return isinstance(loop, cst.For) and ref_of(self.visitor, peel_iterable(self.visitor, loop.iter)) in self.plan.flow["loader"]
+
+    def findings(self) -> list[RawFinding]:
+        loader_loops = [loop for loop in self.loops if self._over_loader(loop)]
+        training_functions = {key_at(self.visitor, loop) for loop in loader_loops}
+        out = []
+        for exit_ in self.exits:
+            guards, loop, root = self._context(exit_)
+            if loop is None or not guards or not self._trains(loop, loader_loops, training_functions):
+                continue
+            tainted = self._tainted(root)
+            culprits = sorted({n for test in guards for n in _reads(test)} & tainted)
+            if not culprits:
+                continue
+            pos = self.visitor.get_metadata(PositionProvider, exit_).start
+            kind = "break" if isinstance(exit_, cst.Break) else "return"
+            accelerator = self.plan.accelerator
+            out.append(RawFinding(
+                pos.line, pos.column + 1, "ACC119",
+                f"`{kind}` out of the training loop decided by `{culprits[0]}`, which each process computes from "
+                "its own shard: processes would stop at different steps and the next collective hangs.",
+                f"call `{accelerator}.set_trigger()` where the condition holds, and leave the loop on "
+                f"`if {accelerator}.check_trigger(): {kind}` so that every process stops together.",
+            ))
+        return out
+
+    def _context(self, exit_: cst.CSTNode) -> tuple[list[cst.BaseExpression], Optional[Loop], cst.CSTNode]:
+        """(the ``if`` tests guarding ``exit_`` inside its loop, the loop it leaves, the function around it)."""
+        guards: list[cst.BaseExpression] = []
+        loop: Optional[Loop] = None
+        node = self.parent(exit_)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            if loop is None and isinstance(node, cst.If):
+                guards.append(node.test)
+            if loop is None and isinstance(node, (cst.For, cst.While)):
+                loop = node
+                if isinstance(exit_, cst.Break):
+                    break
+            node = self.parent(node)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            node = self.parent(node)
+        return guards, loop, node if node is not None else self.module
+
+    def _trains(self, loop: Loop, loader_loops: list[Loop], training_functions: set) -> bool:
+        """The loop is over a prepared dataloader, contains one, or calls the function that has one."""
+        for inner in loader_loops:
+            node: Optional[cst.CSTNode] = inner
+            while node is not None:
+                if node is loop:
+                    return True
+                node = self.parent(node)
+        for call in m.findall(loop.body, m.Call(func=m.Name())):
+            if call.func.value in training_functions:  # type: ignore[attr-defined]
+                return True
+        return False
+
+    def _tainted(self, root: cst.CSTNode) -> set[str]:
+        if id(root) in self._taint:
+            return self._taint[id(root)]
+        key = MODULE
+        if isinstance(root, cst.FunctionDef) and isinstance(root.body, cst.IndentedBlock):
+            key = key_at(self.visitor, root.body.body[0])
+        tainted = {name for k, name in self.plan.flow["loader"] if k == key or (k == self.plan.owner and name.startswith("self."))}
+        # (names bound, expressions read to compute them)
+        bindings: list[tuple[list[str], list[cst.CSTNode]]] = []
+        for node in m.findall(root, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()):
+            guards = self._guards(node, root)
+            if isinstance(node, cst.Assign):
+                names = [n for t in node.targets for n in _targets(t.target)]
+                bindings.append((names, [node.value, *guards]))
+            elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+                if node.value is not None:
+                    bindings.append((_targets(node.target), [node.value, *guards]))
+            else:  # a for loop: enumerate's index counts batches, the rest is data
+                target, it = node.target, node.iter
+                if (
+                    isinstance(it, cst.Call) and qualified_names(self.visitor, it.func) & {"builtins.enumerate", "enumerate"}
+                    and isinstance(target, cst.Tuple) and len(target.elements) == 2 and it.args
+                ):
+                    bindings.append((_targets(target.elements[1].value), [it.args[0].value, *guards]))
+                else:
+                    bindings.append((_targets(target), [it, *guards]))
+        changed = True
+        while changed:
+            changed = False
+            for names, reads in bindings:
+                if set(names) <= tainted:
+                    continue
+                if any(n in tainted for expr in reads for n in _reads(expr)):
+                    tainted |= set(names)
+                    changed = True
+        self._taint[id(root)] = tainted
+        return tainted
+
+    def _guards(self, node: cst.CSTNode, root: cst.CSTNode) -> list[cst.BaseExpression]:
+        tests = []
+        parent = self.parent(node)
+        while parent is not None and parent is not root:
+            if isinstance(parent, (cst.If, cst.While)):
+                tests.append(parent.test)
+            parent = self.parent(parent)
+        return tests

@@ -1,0 +1,88 @@
+"""ACC119: leaving the training loop on a per-process value is reported; rank-consistent exits are not."""
+
+from __future__ import annotations
+
+from conftest import convert
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+def evaluate(model, loader):
+    total = 0.0
+    for x, y in loader:
+        total += model(x, y).item()
+    return total / len(loader)
+
+
+def main(args):
+    train_loader = DataLoader(make_dataset(), batch_size=8)
+    val_loader = DataLoader(make_dataset(), batch_size=8)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    best, bad_epochs, step = float("inf"), 0, 0
+    for epoch in range(args.epochs):
+        for x, y in train_loader:
+            loss = model(x, y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step >= args.max_steps:
+                break
+            if loss.item() < 1e-4:
+                break
+        val_loss = evaluate(model, val_loader)
+        if val_loss < best:
+            best, bad_epochs = val_loss, 0
+        else:
+            bad_epochs += 1
+            if bad_epochs >= args.patience:
+                break
+
+
+if __name__ == "__main__":
+    main(parse_args())
+"""
+
+
+def _early_stops(source: str) -> list:
+    return [f for f in convert(source).findings if f.code == "ACC119"]
+
+
+def test_per_process_values_are_reported_and_counters_are_not() -> None:
+    findings = _early_stops(SCRIPT)
+    lines = SCRIPT.splitlines()
+    assert [lines[f.line - 1].strip() for f in findings] == ["break", "break"]
+    assert [f.line for f in findings] == [28, 35]  # the loss test and the patience test, not the step counter
+    assert "`loss`" in findings[0].message and "`bad_epochs`" in findings[1].message
+    assert "accelerator.set_trigger()" in findings[0].suggestion
+    assert "accelerator.check_trigger()" in findings[0].suggestion
+
+
+def test_a_gathered_value_is_the_same_everywhere() -> None:
+    source = SCRIPT.replace(
+        "        val_loss = evaluate(model, val_loader)\n",
+        "        val_loss = accelerator.gather(evaluate(model, val_loader)).mean().item()\n",
+    ).replace("            if loss.item() < 1e-4:\n                break\n", "")
+    source = source.replace("    model = Net()\n", "    accelerator = Accelerator()\n    model = Net()\n")
+    source = "from accelerate import Accelerator\n" + source
+    assert "accelerator.backward(loss)" in convert(source).output
+    assert _early_stops(source) == []
+    # the same script without the gather: reported
+    assert len(_early_stops(source.replace("accelerator.gather(evaluate(model, val_loader))", "evaluate(model, val_loader)"))) == 1
+
+
+def test_the_trigger_pattern_is_not_reported() -> None:
+    source = SCRIPT.replace(
+        "            if loss.item() < 1e-4:\n                break\n",
+        "            if loss.item() < 1e-4:\n                accelerator.set_trigger()\n"
+        "            if accelerator.check_trigger():\n                break\n",
+    ).replace("            if bad_epochs >= args.patience:\n                break\n", "")
+    assert _early_stops(source) == []
+
+
+def test_a_loop_that_does_not_train_is_not_reported() -> None:
+    source = SCRIPT + "\n\ndef search(items):\n    for item in items:\n        if item.score() > 0:\n            break\n"
+    assert len(_early_stops(source)) == 2
