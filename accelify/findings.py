@@ -35,6 +35,9 @@ FINDINGS: dict[str, str] = {
     "ACC119": "A `break`/`return` out of the training loop decided by a value each process computes from its own "
     "shard (a validation loss, a batch loss): processes would stop at different steps; reported "
     "(`accelerator.set_trigger()` + `accelerator.check_trigger()`).",
+    "ACC120": "An attribute of the model itself (`model.generate(...)`, `model.config`) used after `prepare`: the "
+    "DistributedDataParallel wrapper of a multi-process run does not have it; reported "
+    "(`accelerator.unwrap_model(model)`).",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
 }

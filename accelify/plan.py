@@ -513,6 +513,49 @@ class _Analyzer(cst.CSTVisitor):
                 continue
             plan.accumulation_steps = self._use_argument(found.steps)  # type: ignore[union-attr]
 
+    def _wrapped_model_attributes(self) -> None:
+        """ACC120: ``model.generate(...)``, ``model.config`` on a prepared model.
+
+        In a multi-process run ``prepare`` returns a DistributedDataParallel wrapper,
+        which has the ``nn.Module`` API and nothing of the model's own: an attribute
+        of the model raises AttributeError there (and setting one sets it on the
+        wrapper).  Code in the setup scope before the ``prepare`` point still holds
+        the plain model and is not reported.
+        """
+        plan = self.plan
+        if plan.has_prepare:
+            return
+        root = scope_root(self._module, plan.setup)
+        located = locate_setup(root, set(plan.core())) if root is not None else None
+        if located is None:
+            return
+        block, index = located
+        before = {
+            id(n) for stmt in block.body[:index] if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
+            for n in m.findall(stmt, m.Attribute())
+        }
+        reported: set[tuple[Optional[str], str, str]] = set()
+        for node in m.findall(self._module, m.Attribute()):
+            attr = node.attr.value  # type: ignore[attr-defined]
+            if attr in _MODULE_API or id(node) in before:
+                continue
+            ref = ref_of(self, node.value)  # type: ignore[attr-defined]
+            if ref not in plan.flow["model"]:
+                continue
+            key = key_at(self, node)
+            model = code_of(node.value)  # type: ignore[attr-defined]
+            if (key, model, attr) in reported:
+                continue
+            reported.add((key, model, attr))
+            accelerator = plan.accelerator_in(key) or plan.accelerator
+            self.finding(
+                node, "ACC120",
+                f"`{model}.{attr}` is the model's own attribute: in a multi-process run `prepare` returns a "
+                "DistributedDataParallel wrapper without it (AttributeError, or an attribute set on the wrapper).",
+                f"use `{accelerator}.unwrap_model({model}).{attr}` outside the training step, or make it part of "
+                "`forward`.",
+            )
+
     def _plain_scheduler(self, call: cst.Call) -> bool:
         """A scheduler whose learning rate does not depend on ``_step_count`` under ``accumulate``."""
         names = qualified_names(self, call.func)
@@ -528,6 +571,7 @@ class _Analyzer(cst.CSTVisitor):
         self.plan.findings.extend(
             EarlyStops(self, self.plan, self._module, [*self.loops, *self.whiles], self.exits).findings()
         )
+        self._wrapped_model_attributes()
         for call in self.calls:
             if has_qname(self, call.func, DISTRIBUTED_SAMPLERS):
                 self.finding(
@@ -844,6 +888,21 @@ class _Analyzer(cst.CSTVisitor):
 
 
 _SCHEDULER_NAME = re.compile(r"sched|lr|warmup|decay|anneal|cycl|plateau", re.I)
+
+
+# What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
+# the wrapper's own (ACC006 rewrites it).
+_MODULE_API = frozenset({
+    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "eval",
+    "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
+    "load_state_dict", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",
+    "parameters", "register_backward_hook", "register_buffer", "register_forward_hook",
+    "register_forward_pre_hook", "register_full_backward_hook", "register_full_backward_pre_hook",
+    "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook", "register_module",
+    "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook", "requires_grad_",
+    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
+    "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
+})
 
 
 def _is_attr_name(expr: cst.BaseExpression, name: cst.Name) -> bool:

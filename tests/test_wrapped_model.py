@@ -1,0 +1,73 @@
+"""ACC120: the model's own attributes after `prepare` are reported (DDP does not forward them)."""
+
+from __future__ import annotations
+
+from conftest import convert
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+def evaluate(model, loader):
+    for batch in loader:
+        out = model.generate(batch, max_length=model.config.max_length)
+        print(out)
+
+
+loader = DataLoader(make_dataset(), batch_size=8)
+model = Net()
+model.config.dropout = 0.1
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    model.train()
+    loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+model.eval()
+evaluate(model, loader)
+print(model.config.name)
+"""
+
+TRAINER = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+class Trainer:
+    def __init__(self, model):
+        self.model = model
+        self.model.config.dropout = 0.1
+        self.loader = DataLoader(make_dataset(), batch_size=8)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def fit(self):
+        self.model.train()
+        for x, y in self.loader:
+            loss = self.model.compute_loss(x, y)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+"""
+
+
+def _reported(source: str) -> list[tuple[int, str]]:
+    """(line, `model.attr`) of each ACC120 finding."""
+    return [(f.line, f.message.split("`")[1]) for f in convert(source).findings if f.code == "ACC120"]
+
+
+def test_attributes_after_prepare_are_reported_and_the_module_api_is_not() -> None:
+    # model.train()/eval()/parameters() exist on the wrapper; model.config before prepare is the plain model's
+    assert _reported(SCRIPT) == [(7, "model.generate"), (7, "model.config"), (23, "model.config")]
+    finding = next(f for f in convert(SCRIPT).findings if f.code == "ACC120")
+    assert "accelerator.unwrap_model(model).generate" in finding.suggestion
+
+
+def test_class_trainer_methods_after_init_are_reported() -> None:
+    assert _reported(TRAINER) == [(15, "self.model.compute_loss")]
+
+
+def test_an_unwrapped_model_is_not_reported() -> None:
+    source = SCRIPT.replace("print(model.config.name)", "print(accelerator.unwrap_model(model).config.name)")
+    assert (23, "model.config") not in _reported(source)
