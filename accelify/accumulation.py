@@ -72,8 +72,11 @@ def _strip(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
 
 
-def _is_index_plus_one(expr: cst.BaseExpression, index: str) -> bool:
+def _is_batch_number(expr: cst.BaseExpression, index: str, start: int) -> bool:
+    """The 1-based number of the batch: ``i + 1`` when ``enumerate`` counts from 0, ``i`` from 1."""
     expr = _strip(expr)
+    if start == 1:
+        return m.matches(expr, m.Name(index))
     return m.matches(
         expr,
         m.BinaryOperation(left=m.Name(index), operator=m.Add(), right=m.Integer("1"))
@@ -81,19 +84,19 @@ def _is_index_plus_one(expr: cst.BaseExpression, index: str) -> bool:
     )
 
 
-def _every_n(test: cst.BaseExpression, index: str) -> Optional[cst.BaseExpression]:
+def _every_n(test: cst.BaseExpression, index: str, start: int) -> Optional[cst.BaseExpression]:
     """``(i + 1) % N == 0`` -> N."""
     test = _strip(test)
     if not m.matches(test, m.Comparison(comparisons=[m.ComparisonTarget(m.Equal(), comparator=m.Integer("0"))])):
         return None
     left = _strip(test.left)  # type: ignore[attr-defined]
     if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
-        if _is_index_plus_one(left.left, index):
+        if _is_batch_number(left.left, index, start):
             return left.right
     return None
 
 
-def _last_batch(test: cst.BaseExpression, index: str) -> Optional[cst.BaseExpression]:
+def _last_batch(test: cst.BaseExpression, index: str, start: int) -> Optional[cst.BaseExpression]:
     """``(i + 1) == len(loader)`` (either side), ``i == len(loader) - 1`` -> the ``len`` argument."""
     test = _strip(test)
     if not m.matches(test, m.Comparison(comparisons=[m.ComparisonTarget(m.Equal())])):
@@ -101,12 +104,31 @@ def _last_batch(test: cst.BaseExpression, index: str) -> Optional[cst.BaseExpres
     sides = [_strip(test.left), _strip(test.comparisons[0].comparator)]  # type: ignore[attr-defined]
     length = m.Call(func=m.Name("len"), args=[m.Arg(keyword=None, star="")])
     for a, b in (sides, sides[::-1]):
-        if _is_index_plus_one(a, index) and m.matches(b, length):
+        if _is_batch_number(a, index, start) and m.matches(b, length):
             return b.args[0].value  # type: ignore[attr-defined]
-        if m.matches(a, m.Name(index)) and m.matches(
+        if start == 0 and m.matches(a, m.Name(index)) and m.matches(
             b, m.BinaryOperation(left=length, operator=m.Subtract(), right=m.Integer("1"))
         ):
             return b.left.args[0].value  # type: ignore[attr-defined]
+    return None
+
+
+def _enumerate_start(visitor: cst.MetadataDependent, it: cst.BaseExpression) -> Optional[int]:
+    """0 for ``enumerate(loader)``, 1 for ``enumerate(loader, 1)`` / ``start=1``; None otherwise."""
+    if not isinstance(it, cst.Call) or not qualified_names(visitor, it.func) & {"builtins.enumerate", "enumerate"}:
+        return None
+    args = it.args
+    if not args or args[0].keyword is not None or args[0].star or len(args) > 2:
+        return None
+    if len(args) == 1:
+        return 0
+    second = args[1]
+    if second.star or (second.keyword is not None and second.keyword.value != "start"):
+        return None
+    if m.matches(second.value, m.Integer("0")):
+        return 0
+    if m.matches(second.value, m.Integer("1")):
+        return 1
     return None
 
 
@@ -140,14 +162,9 @@ def _backward_of(stmt: cst.BaseStatement, loss: str, scalers: set[str]) -> bool:
 def match(visitor: cst.MetadataDependent, loop: cst.For, plan) -> Union[Accumulation, str]:
     """The accumulation in ``loop`` when Accelerate's does the same update, else why not."""
     it = loop.iter
-    if not (
-        isinstance(it, cst.Call)
-        and qualified_names(visitor, it.func) & {"builtins.enumerate", "enumerate"}
-        and len(it.args) == 1
-        and it.args[0].keyword is None
-        and not it.args[0].star
-    ):
-        return "the loop does not count its batches with `enumerate(dataloader)`"
+    start = _enumerate_start(visitor, it)
+    if start is None:
+        return "the loop does not count its batches with `enumerate(dataloader)` (from 0 or 1)"
     loader = ref_of(visitor, peel_iterable(visitor, it.args[0].value))
     if loader not in plan.flow["loader"]:
         return "the loop is not over a prepared dataloader"
@@ -171,12 +188,12 @@ def match(visitor: cst.MetadataDependent, loop: cst.For, plan) -> Union[Accumula
     b_index, branch = branches[0]
     if branch.orelse is not None:
         return "the step is under an `if` with an `else`"
-    n = _every_n(branch.test, index)
+    n = _every_n(branch.test, index, start)
     last = None
     if n is None and isinstance(branch.test, cst.BooleanOperation) and isinstance(branch.test.operator, cst.Or):
         left, right = branch.test.left, branch.test.right
         for every, end in ((left, right), (right, left)):
-            if (n := _every_n(every, index)) is not None and (last := _last_batch(end, index)) is not None:
+            if (n := _every_n(every, index, start)) is not None and (last := _last_batch(end, index, start)) is not None:
                 break
         else:
             n = None

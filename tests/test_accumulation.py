@@ -50,13 +50,32 @@ def test_the_provable_form_is_rewritten() -> None:
 
 
 @pytest.mark.parametrize(
+    "header, test",
+    [
+        ("enumerate(loader, start=1)", "i % N == 0 or i == len(loader)"),
+        ("enumerate(loader, 1)", "len(loader) == i or (i % N) == 0"),
+        ("enumerate(loader)", "i == len(loader) - 1 or (1 + i) % N == 0"),
+    ],
+)
+def test_equivalent_spellings_are_rewritten(header: str, test: str) -> None:
+    loop = CONVERTIBLE_LOOP.replace("enumerate(loader)", header).replace(
+        "(i + 1) % N == 0 or (i + 1) == len(loader)", test
+    )
+    result = convert(HEADER + loop)
+    assert "gradient_accumulation_steps=N" in result.output and "accelerator.accumulate(model)" in result.output
+    assert "% N" not in result.output
+
+
+@pytest.mark.parametrize(
     "loop, reason",
     [
         (CONVERTIBLE_LOOP.replace(" or (i + 1) == len(loader)", ""), "carried into the next epoch"),
         (CONVERTIBLE_LOOP.replace("    loss.backward()\n", "    loss.backward()\n    print(loss.item())\n"),
          "used beyond `.backward()`"),
         (CONVERTIBLE_LOOP.replace("loss = loss / N", "loss = loss / 2"), "something other than the N"),
-        (CONVERTIBLE_LOOP.replace("enumerate(loader)", "enumerate(loader, start=1)"), "does not count its batches"),
+        (CONVERTIBLE_LOOP.replace("enumerate(loader)", "enumerate(loader, start=2)"), "does not count its batches"),
+        # counted from 1, `i + 1` is the next batch's number: not Accelerate's schedule
+        (CONVERTIBLE_LOOP.replace("enumerate(loader)", "enumerate(loader, 1)"), "not under"),
         (CONVERTIBLE_LOOP.replace("    loss.backward()\n", "    loss.backward()\n    optimizer.zero_grad()\n"),
          "outside the `% N` branch"),
         (CONVERTIBLE_LOOP.replace("(i + 1) == len(loader)", "(i + 1) == len(other_loader)"),
