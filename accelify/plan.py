@@ -122,15 +122,19 @@ class Plan:
         return ", ".join(args)
 
     def restrict(self, codes: Optional[frozenset[str]]) -> None:
-        """Forget the Accelerator arguments whose codemod does not run: ``mixed_precision="fp16"``
-        without ACC010 would scale a loss the script's own GradScaler scales too, and
-        ``gradient_accumulation_steps`` without ACC013 would divide it twice."""
+        """Forget what a codemod that does not run would have provided: ``mixed_precision="fp16"``
+        without ACC010 would scale a loss the script's own GradScaler scales too,
+        ``gradient_accumulation_steps`` without ACC013 would divide it twice, and without
+        ACC002 no helper's ``device`` parameter becomes ``accelerator``."""
         if codes is None:
             return
         if "ACC010" not in codes:
             self.mixed_precision, self.scalers = None, set()
         if "ACC013" not in codes:
             self.accumulation_steps = None
+        if "ACC002" not in codes:
+            # helpers get the accelerator through their renamed `device` parameter: no rename, no accelerator
+            self.needs_accelerator = set()
 
     def refs(self, names: list[str]) -> set[Ref]:
         return {(self.owner, n) for n in names}

@@ -9,7 +9,7 @@ import pytest
 
 import accelify.pipeline as pipeline
 from accelify.codemods import AccelifyCodemod
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, convert
 
 TRAIN = (FIXTURES / "docs" / "before.py").read_text()
 
@@ -63,3 +63,14 @@ def test_sources_stay_python39_compatible() -> None:
     for folder in ("accelify", "codemods", "runtime"):
         for path in (ROOT / folder).glob("*.py"):
             ast.parse(path.read_text(), filename=str(path), feature_version=(3, 9))
+
+
+def test_a_selection_never_uses_an_accelerator_a_helper_does_not_receive(root) -> None:
+    # Without ACC002, train(args, model, device, ...) keeps its device parameter: its backward
+    # must stay as it is (and be reported) rather than name an `accelerator` it cannot see.
+    source = (root / "fixtures" / "mnist_functions" / "before.py").read_text()
+    result = convert(source, select=frozenset({"ACC001", "ACC005"}))
+    train = result.output.split("def train(")[1].split("\ndef ")[0]
+    assert "loss.backward()" in train and "accelerator" not in train
+    assert "ACC106" in {f.code for f in result.findings}
+    compile(result.output, "converted.py", "exec")
