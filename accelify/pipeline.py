@@ -20,7 +20,7 @@ import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
-from libcst.metadata import MetadataWrapper
+from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from accelify.analysis import RawFinding
 from accelify.plan import analyze
@@ -100,7 +100,8 @@ def _report_only(options: Options) -> bool:
 def _convert(module: cst.Module, source: str, path: str, options: Options) -> Result:
     context = CodemodContext(filename=path, full_module_name=None, full_package_name=None)
     context.scratch["accelify.line_length"] = options.line_length
-    plan = analyze(MetadataWrapper(module))
+    analysed = MetadataWrapper(module)
+    plan = analyze(analysed)
     if not _report_only(options):
         plan.restrict(options.select)
     linemap = _LineMap(source)
@@ -143,6 +144,13 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     if output != source and not _still_parses(source, output):
         return Result(path, source, source, findings=sorted(findings),
                       error=f"{path}: internal error: the rewrite does not parse; file left unchanged")
+    # (A selection without ACC001 asks for a fragment that names an accelerator nobody creates.)
+    if output != source and (options.select is None or "ACC001" in options.select):
+        new_names = _undefined_names(MetadataWrapper(module)) - _undefined_names(analysed)
+        if new_names:
+            return Result(path, source, source, findings=sorted(findings),
+                          error=f"{path}: internal error: the rewrite reads undefined "
+                                f"{', '.join(sorted(new_names))}; file left unchanged")
     return Result(path, source, output, changes=sorted(changes), findings=sorted(findings))
 
 
@@ -196,6 +204,19 @@ def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:
 
         return f"{path}:{syntax.lineno}:{syntax.offset}: cannot parse: {syntax.msg}"
     return f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}"
+
+
+def _undefined_names(wrapper: MetadataWrapper) -> set[str]:
+    """Names read where no binding of them is visible: what a rewrite must never add (an
+    `accelerator` used in a function it does not reach would be a NameError at run time)."""
+    names = set()
+    for scope in set(wrapper.resolve(ScopeProvider).values()):
+        if scope is None:
+            continue
+        for access in scope.accesses:
+            if not access.referents and isinstance(access.node, cst.Name):
+                names.add(access.node.value)
+    return names
 
 
 def _still_parses(source: str, output: str) -> bool:

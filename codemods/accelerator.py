@@ -64,13 +64,11 @@ class AddAccelerator(AccelifyCodemod):
         if root is None:
             return
         names = set(self.plan.core())
-        uses = m.Name(self.plan.accelerator.split(".")[0]) if not self.plan.class_mode else m.Attribute(
-            value=m.Name("self"), attr=m.Name("accelerator"))
         best: Optional[tuple[Block, int]] = None
         for block in setup_blocks(root):
             hits = [
                 i for i, stmt in enumerate(block.body)
-                if binds(stmt, names) or (not isinstance(stmt, cst.FunctionDef) and m.findall(stmt, uses))
+                if binds(stmt, names) or (not isinstance(stmt, cst.FunctionDef) and self._uses_accelerator(stmt))
             ]
             if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
                 best = (block, hits[0])
@@ -90,6 +88,14 @@ class AddAccelerator(AccelifyCodemod):
             index = max(index, arguments[-1] + 1)
         self._target, self._index = block, index
         AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+
+    def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
+        """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""
+        if self.plan.class_mode:
+            return bool(m.findall(stmt, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))))
+        name = self.plan.accelerator.split(".")[0]
+        attrs = {id(a.attr) for a in m.findall(stmt, m.Attribute())}  # type: ignore[attr-defined]
+        return any(id(n) not in attrs for n in m.findall(stmt, m.Name(name)))
 
     def edit_body(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         if original is not self._target:

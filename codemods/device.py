@@ -7,7 +7,7 @@ from typing import Optional, Union
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import ExpressionContext, ExpressionContextProvider
+from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
 from accelify.analysis import MODULE, key_at, ref_of, simple_assign
 from accelify.plan import bind_arguments, param_names
@@ -149,14 +149,27 @@ class RemoveDevice(AccelifyCodemod):
     ) -> cst.BaseStatement:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
         if self._is_device_assignment(original_node):
+            if self._in_device_if(original_node):
+                return updated  # the whole `if`/`else` is replaced in leave_If
             return self._replace_or_remove(original_node, updated)
         return updated
 
+    def _is_device_if(self, node: cst.If) -> bool:
+        return isinstance(node.orelse, cst.Else) and all(
+            self._is_device_assignment(s) for s in (*node.body.body, *node.orelse.body.body)
+        )
+
+    def _in_device_if(self, stmt: cst.SimpleStatementLine) -> bool:
+        node: Optional[cst.CSTNode] = stmt
+        for _ in range(3):  # line < block < (Else <) If
+            node = self.get_metadata(ParentNodeProvider, node, None)
+            if isinstance(node, cst.If):
+                return self._is_device_if(node)
+        return False
+
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
         # if use_accel: device = ... else: device = torch.device("cpu")
-        if isinstance(original_node.orelse, cst.Else) and all(
-            self._is_device_assignment(s) for s in (*original_node.body.body, *original_node.orelse.body.body)
-        ):
+        if self._is_device_if(original_node):
             return self._replace_or_remove(original_node, updated_node)
         return super().leave_If(original_node, updated_node)
 

@@ -74,3 +74,15 @@ def test_a_selection_never_uses_an_accelerator_a_helper_does_not_receive(root) -
     assert "loss.backward()" in train and "accelerator" not in train
     assert "ACC106" in {f.code for f in result.findings}
     compile(result.output, "converted.py", "exec")
+
+
+def test_a_rewrite_that_reads_an_undefined_name_leaves_the_file_unchanged(root, monkeypatch) -> None:
+    # A planning bug that sends `accelerator` where it is not bound (here: forced, by pretending
+    # every function reaches it) must end as a reported error, never as a NameError at run time.
+    from accelify.plan import Plan
+
+    monkeypatch.setattr(Plan, "accelerator_in", lambda self, key: self.accelerator)
+    source = (root / "fixtures" / "mnist_functions" / "before.py").read_text()
+    result = pipeline.convert_source(source, "mnist.py", pipeline.Options(select=frozenset({"ACC001", "ACC005"})))
+    assert result.error is not None and "undefined accelerator" in result.error
+    assert result.output == source
