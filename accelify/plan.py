@@ -101,6 +101,8 @@ class Plan:
     device_params: dict[str, list[str]] = field(default_factory=dict)
     #: module-level helpers that need the accelerator (backward) and get it through a parameter
     needs_accelerator: set[str] = field(default_factory=set)
+    #: ... of which those with no ``device`` parameter to rename: they get a new first parameter
+    accelerator_params: set[str] = field(default_factory=set)
     findings: list[RawFinding] = field(default_factory=list)
 
     @property
@@ -134,7 +136,10 @@ class Plan:
             self.accumulation_steps = None
         if "ACC002" not in codes:
             # helpers get the accelerator through their renamed `device` parameter: no rename, no accelerator
-            self.needs_accelerator = set()
+            self.needs_accelerator &= self.accelerator_params
+        if "ACC015" not in codes:
+            self.needs_accelerator -= self.accelerator_params
+            self.accelerator_params = set()
 
     def refs(self, names: list[str]) -> set[Ref]:
         return {(self.owner, n) for n in names}
@@ -801,6 +806,20 @@ class _Analyzer(cst.CSTVisitor):
             top = key.split(".")[0]
             if top in plan.device_params and top == key:
                 plan.needs_accelerator.add(key)
+            elif top == key and self._can_take_accelerator(key):
+                plan.needs_accelerator.add(key)
+                plan.accelerator_params.add(key)
+
+    def _can_take_accelerator(self, name: str) -> bool:
+        """A script's module-level helper can get a new first parameter ``accelerator`` when every
+        call of it is plain (no ``*args``) and made where the Accelerator is visible."""
+        func = self.functions.get(name)
+        if not self._is_script or func is None or func.params.posonly_params:
+            return False
+        if "accelerator" in param_names(func) or m.findall(func.body, m.Name("accelerator")):
+            return False
+        sites = self._call_sites(name, func)
+        return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) is not None for call, _ in sites)
 
     # ------------------------------------------------------------------ schedulers and prepare
     def _schedulers(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> None:

@@ -6,6 +6,7 @@ Installed as ``accelify.codemods``; inside the repository the folder is ``codemo
 from __future__ import annotations
 
 from .accelerator import AddAccelerator
+from .accelerator_param import AcceleratorParameter
 from .accumulation import GradientAccumulation
 from .backward import Backward
 from .base import AccelifyCodemod
@@ -25,7 +26,7 @@ from .seeding import Seeding
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
 #    DataParallel right after, so `model = nn.DataParallel(model).to(device)` loses both;
 # 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
-#    assignment goes;
+#    assignment goes; a helper with no device parameter to carry the accelerator gets one;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
 # 4. gradient accumulation before mixed precision and backward: it must still see the loss
 #    divided right before its `.backward()` (or `scaler.scale(loss).backward()`);
@@ -38,8 +39,9 @@ from .seeding import Seeding
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, Prepare, GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading,
-    GatherForMetrics, Seeding, AddAccelerator, MainProcessOutput,
+    RemovePlacement, DataParallel, RemoveDevice, AcceleratorParameter, Prepare, GradientAccumulation,
+    MixedPrecision, Backward, Clipping, Saving, Loading, GatherForMetrics, Seeding, AddAccelerator,
+    MainProcessOutput,
 )
 
 

@@ -25,7 +25,7 @@ from accelify.pipeline import convert_source  # noqa: E402
 
 RUNNABLE = [
     "mnist_functions", "class_trainer", "gan_two_optimizers", "data_parallel", "teacher_in_main", "two_schedulers",
-    "accumulation_runnable", "mnist_accel_flag",
+    "accumulation_runnable", "mnist_accel_flag", "helpers_without_device",
 ]
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).
