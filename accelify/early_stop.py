@@ -96,6 +96,16 @@ class EarlyStops:
             ))
         return out
 
+    def guarded_by(self, node: cst.CSTNode) -> Optional[str]:
+        """A name read by an ``if``/``while`` around ``node`` whose value differs per process, if any."""
+        root: Optional[cst.CSTNode] = self.parent(node)
+        while root is not None and not isinstance(root, (cst.FunctionDef, cst.Module)):
+            root = self.parent(root)
+        root = root if root is not None else self.module
+        tainted = self._tainted(root)
+        culprits = sorted({n for test in self._guards(node, root) for n in _reads(test)} & tainted)
+        return culprits[0] if culprits else None
+
     def _context(self, exit_: cst.CSTNode) -> tuple[list[cst.BaseExpression], Optional[Loop], cst.CSTNode]:
         """(the ``if`` tests guarding ``exit_`` inside its loop, the loop it leaves, the function around it)."""
         guards: list[cst.BaseExpression] = []

@@ -9,6 +9,7 @@ import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 
 from accelify.analysis import qualified_names, receiver_refs, ref_of, under_main_process_check
+from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
@@ -50,6 +51,12 @@ class Saving(AccelifyCodemod):
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
         return "save(" in code
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._taint = EarlyStops(self, self.plan, node, [], [])
+
+    def _per_process(self, node: cst.CSTNode) -> bool:
+        return self._taint.guarded_by(node) is not None
 
     def _model_state(self, expr: cst.BaseExpression) -> Optional[str]:
         """``model.state_dict()`` or ``accelerator.unwrap_model(model).state_dict()`` -> the model's code."""
@@ -97,8 +104,9 @@ class Saving(AccelifyCodemod):
         save = self.parse_statement(f"{accelerator}.save({accelerator}.unwrap_model({model}).state_dict(), {path})\n")
         RemoveImportsVisitor.remove_unused_import_by_node(self.context, call.func)
         self.change(original_node, "saved once, from the unwrapped model, after every process is done")
-        if under_main_process_check(self, original_node):
-            # A barrier here would wait for processes that never get here.
+        if under_main_process_check(self, original_node) or self._per_process(original_node):
+            # A barrier here would wait for processes that never get here: under a main-process
+            # check, or under a test each process decides on its own (`if val_acc > best:`).
             return save.with_changes(leading_lines=updated_node.leading_lines)
         wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")
         return cst.FlattenSentinel([wait.with_changes(leading_lines=updated_node.leading_lines), save])
