@@ -19,6 +19,8 @@ FINDINGS: dict[str, str] = {
     "left as it is.",
     "ACC109": "A placement or `.module` in code that cannot reach the Accelerator: left as it is.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: left as it is.",
+    "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
+    "`accelerator.save_state`/`load_state` save every prepared object.",
     "ACC112": "Mixed precision that cannot be mapped (switched by different `enabled=` flags or in some places only, "
     "a scaler saved or passed around, float16 and bfloat16 mixed): left as it is.",
     "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
@@ -38,6 +40,4 @@ FINDINGS: dict[str, str] = {
     "ACC120": "An attribute of the model itself (`model.generate(...)`, `model.config`) used after `prepare`: the "
     "DistributedDataParallel wrapper of a multi-process run does not have it; reported "
     "(`accelerator.unwrap_model(model)`).",
-    "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
-    "`accelerator.save_state`/`load_state` save every prepared object.",
 }
