@@ -25,8 +25,8 @@ FINDINGS: dict[str, str] = {
     "a scaler saved or passed around, float16 and bfloat16 mixed): left as it is.",
     "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
     "reported, it would decay N times too slowly with N processes.",
-    "ACC114": "Evaluation metrics over a prepared dataloader in code that cannot reach the Accelerator: "
-    "each process would count its own shard only.",
+    "ACC114": "Evaluation metrics over a prepared dataloader that accelify cannot gather (code that cannot reach "
+    "the Accelerator, labels it cannot follow): each process would count its own shard only.",
     "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
     "would hang; reported.",

@@ -798,7 +798,9 @@ class _Analyzer(cst.CSTVisitor):
         from accelify.codemods.gather import find_gather
 
         plan = self.plan
-        gathering = [loop for loop in self.loops if find_gather(self, loop, plan) is not None]
+        from accelify.codemods.gather import Gather
+
+        gathering = [loop for loop in self.loops if isinstance(find_gather(self, loop, plan), Gather)]
         for call in [*self.backwards, *gathering]:
             key = key_at(self, call)
             if key is None or plan.accelerator_in(key) is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -26,21 +26,27 @@ class Gather:
     names: list[str]
 
 
-def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Optional[Gather]:
+def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Union[Gather, str, None]:
     """An evaluation loop over a prepared dataloader whose model outputs and labels feed metrics.
 
     ``None`` when the loop trains (calls ``.backward()``), already gathers, or is not
     of the plain shape accelify can rewrite: ``out = model(...)`` followed by
-    counters (``+=``) or ``append``/``add_batch``/``update`` calls over names.
+    counters (``+=``) or ``append``/``add_batch``/``update`` calls over names.  The
+    reason, when the metrics read something computed from the batch that is not
+    a plain batch name (gathering the outputs alone would pair them with one
+    process's labels).
     """
     if ref_of(visitor, peel_iterable(visitor, loop.iter)) not in plan.flow["loader"]:
         return None
     if m.findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))):
         return None
     batch = set(assigned_names(loop.target))
+    derived = set(batch)  # anything computed from the batch, gatherable or not
     rows = list(_statements(loop.body))
     for position, (block, stmt) in enumerate(rows):
         assign = simple_assign(stmt)
+        if assign is not None and {n.value for n in m.findall(assign.value, m.Name())} & derived:  # type: ignore[attr-defined]
+            derived |= {n for t in assign.targets for n in assigned_names(t.target)}
         if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
             if assign is not None:
                 root = root_name(assign.value)
@@ -54,17 +60,31 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Op
                 batch.add(assign.targets[0].target.value)
             continue
         output = assign.targets[0].target.value
-        metrics = [s for _, s in rows[position + 1 :] if m.matches(s, m.SimpleStatementLine(body=[m.AugAssign() | _METRIC_CALLS]))]
+        later = [s for _, s in rows[position + 1 :]]
+        metrics = [s for s in later if m.matches(s, m.SimpleStatementLine(body=[m.AugAssign() | _METRIC_CALLS]))]
         if not metrics:
             return None
-        names: list[str] = [output]
-        for metric in metrics:
-            # Labels are the batch names the metrics read (`target`, or a whole `batch` dict).
-            for node in m.findall(metric, m.Name()):
-                if node.value in batch and node.value not in names:  # type: ignore[attr-defined]
-                    names.append(node.value)  # type: ignore[attr-defined]
+        # What the metrics read, directly or through the statements between (`mse = criterion(out, y)`).
+        needed = {n.value for metric in metrics for n in m.findall(metric, m.Name())}  # type: ignore[attr-defined]
+        for s in reversed(later):
+            inner = simple_assign(s)
+            if inner is not None and {n for t in inner.targets for n in assigned_names(t.target)} & needed:
+                needed |= {n.value for n in m.findall(inner.value, m.Name())}  # type: ignore[attr-defined]
+        # Labels are the batch names the metrics read (`target`, or a whole `batch` dict).
+        names: list[str] = [output, *sorted(batch & needed, key=_first_use(later, batch))]
+        if (derived & needed) - set(names):
+            return "the metrics read a value derived from the batch that accelify cannot gather with the outputs"
         return Gather(block, stmt, names)
     return None
+
+
+def _first_use(statements: list[cst.BaseStatement], names: set[str]):
+    order: dict[str, int] = {}
+    for s in statements:
+        for node in m.findall(s, m.Name()):
+            if node.value in names:  # type: ignore[attr-defined]
+                order.setdefault(node.value, len(order))  # type: ignore[attr-defined]
+    return lambda name: order.get(name, len(order))
 
 
 def _statements(block: cst.BaseSuite) -> Sequence[tuple[cst.IndentedBlock, cst.BaseStatement]]:
@@ -129,6 +149,13 @@ class GatherForMetrics(AccelifyCodemod):
         if gather is None:
             return
         accelerator = self.accelerator_at(node)
+        if isinstance(gather, str):
+            self.finding(
+                node, "ACC114", f"evaluation metrics over a prepared dataloader count one process's shard only: {gather}.",
+                "gather the model outputs and the labels together: "
+                "`outputs, labels = accelerator.gather_for_metrics((outputs, labels))`.",
+            )
+            return
         if accelerator is None:
             self.finding(
                 node, "ACC114", "evaluation metrics over a prepared dataloader count one process's shard only.",

@@ -1,0 +1,42 @@
+"""ACC011: outputs are gathered together with every label the metrics read, or not at all."""
+
+from __future__ import annotations
+
+from conftest import assert_stable, convert
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(make_dataset(), batch_size=8)
+val_loader = DataLoader(make_dataset(), batch_size=8)
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+total = 0
+with torch.no_grad():
+    for batch in val_loader:
+        x, y = batch
+        out = model(x)
+        mse = criterion(out, y)
+        total += mse.item()
+"""
+
+
+def test_labels_read_through_an_intermediate_value_are_gathered_with_the_outputs() -> None:
+    result = convert(SCRIPT)
+    assert "        out, y = accelerator.gather_for_metrics((out, y))\n        mse = criterion(out, y)\n" in result.output
+    assert_stable(result.output)
+
+
+def test_labels_accelify_cannot_follow_mean_no_gather_and_a_finding() -> None:
+    # `y` comes from a call on the batch: gathering `out` alone would pair every process's
+    # outputs with this process's labels (a size mismatch with two processes).
+    source = SCRIPT.replace("        x, y = batch\n", "        x, y = unpack(batch[0]), unpack(batch[1])\n")
+    result = convert(source)
+    assert "gather_for_metrics" not in result.output
+    findings = [f for f in result.findings if f.code == "ACC114"]
+    assert findings and "derived from the batch" in findings[0].message
