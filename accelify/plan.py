@@ -85,6 +85,8 @@ class Plan:
     optimizers: list[str] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
     devices: set[str] = field(default_factory=set)
+    #: devices that were strings (``"cuda" if ... else "cpu"``): compared as ``accelerator.device.type``
+    string_devices: set[str] = field(default_factory=set)
     #: ``Accelerator(cpu=<this>)`` when the device depended on a flag
     cpu_flag: Optional[str] = None
     #: ``Accelerator(mixed_precision=<this>)`` when a GradScaler/autocast is replaced
@@ -365,6 +367,8 @@ class _Analyzer(cst.CSTVisitor):
             kind, value = kinds[0], assigns[0].value
             if kind.kind == "auto":
                 plan.devices.add(name)
+                if _is_string(value):
+                    plan.string_devices.add(name)
                 flag = _flag_of(self, value)
                 if flag is not None:
                     plan.cpu_flag = flag
@@ -933,6 +937,15 @@ _MODULE_API = frozenset({
 def _is_attr_name(expr: cst.BaseExpression, name: cst.Name) -> bool:
     """Is ``name`` the ``.attr`` part of an attribute in ``expr`` (``args.steps``: ``steps``)?"""
     return any(a.attr is name for a in m.findall(expr, m.Attribute()))  # type: ignore[attr-defined]
+
+
+def _is_string(value: cst.BaseExpression) -> bool:
+    """``"cuda"``, ``"cuda" if ... else "cpu"``, ``current_accelerator().type``: a device spelled as a string."""
+    if isinstance(value, cst.IfExp):
+        return _is_string(value.body) and _is_string(value.orelse)
+    if isinstance(value, cst.Attribute):
+        return value.attr.value == "type"
+    return string_value(value) is not None
 
 
 def _switch(value: cst.BaseExpression):

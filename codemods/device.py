@@ -104,8 +104,27 @@ class RemoveDevice(AccelifyCodemod):
         accelerator = self._replacement(original_node)
         if accelerator is None:
             return updated_node
+        if self._used_as_string(original_node):
+            # `device == "cuda"` compared a string; a torch.device never equals one
+            self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device.type`")
+            return accelerator_attr(accelerator, "device.type")
         self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
+
+    def _used_as_string(self, node: cst.Name) -> bool:
+        """A string device in a comparison or a string method call (``device.startswith("cuda")``)."""
+        ref = ref_of(self, node)
+        strings = self.plan.refs(sorted(self.plan.string_devices))
+        if self.plan.string_devices and self.plan.string_devices == self.plan.devices:
+            strings |= self.plan.flow["device"]  # helper parameters can only receive a string device
+        if ref not in strings:
+            return False
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(parent, cst.ComparisonTarget):
+            return True
+        if isinstance(parent, cst.Comparison):
+            return parent.left is node
+        return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value != "type"
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if not isinstance(original_node.value, cst.Name) or original_node.value.value != "self":
