@@ -40,4 +40,6 @@ FINDINGS: dict[str, str] = {
     "ACC120": "An attribute of the model itself (`model.generate(...)`, `model.config`) used after `prepare`: the "
     "DistributedDataParallel wrapper of a multi-process run does not have it; reported "
     "(`accelerator.unwrap_model(model)`).",
+    "ACC121": "No DataLoader and no device in the script: `prepare` would move the model to the accelerator and "
+    "leave hand-made data on the CPU; file left unchanged.",
 }

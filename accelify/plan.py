@@ -313,6 +313,16 @@ class _Analyzer(cst.CSTVisitor):
         if not self._devices(in_owner):
             return
         plan.flow["device"] = plan.refs(sorted(plan.devices))
+        if (not plan.dataloaders and not plan.devices and not plan.has_accelerator and ".cuda(" not in module.code
+                and any(has_qname(self, c.func, _TENSOR_FACTORIES) for c in self.calls)):
+            self.finding(
+                first, "ACC121", "the training data does not come from a DataLoader and the script places nothing on "
+                "a device: `prepare` would move the model to the accelerator and leave the data on the CPU. "
+                "File not converted.",
+                "build the data with a `torch.utils.data.DataLoader` (prepare places its batches), or move the "
+                "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
+            )
+            return
         self._helpers()
         self._schedulers(module, in_owner, set(optimizers))
         plan.has_prepare = self._has_prepare(module)
@@ -916,6 +926,13 @@ class _Analyzer(cst.CSTVisitor):
         return self.get_metadata(PositionProvider, node).start.line
 
 
+# Tensors a script makes by hand: on the CPU unless it says otherwise.
+_TENSOR_FACTORIES = frozenset(
+    f"torch.{name}" for name in (
+        "tensor", "as_tensor", "from_numpy", "randn", "rand", "randint", "randperm", "zeros", "ones", "empty",
+        "full", "arange", "linspace", "stack", "cat",
+    )
+)
 _SCHEDULER_NAME = re.compile(r"sched|lr|warmup|decay|anneal|cycl|plateau", re.I)
 
 
