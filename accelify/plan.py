@@ -310,6 +310,15 @@ class _Analyzer(cst.CSTVisitor):
         plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self._line(x[1])))
         plan.flow["loader"] = plan.refs(plan.dataloaders)
         plan.flow["model"] = plan.refs(plan.models)
+        factory = self.functions.get(plan.setup) if not plan.class_mode else None
+        if factory is not None and not plan.has_accelerator and self._returns_training_objects(factory):
+            self.finding(
+                first, "ACC107", f"the optimizer is built in `{plan.setup}`, which returns the training objects: an "
+                "Accelerator created there would not reach the code that trains; file not converted.",
+                "create the Accelerator where the training loop runs and call `accelerator.prepare(...)` on what "
+                f"`{plan.setup}()` returns.",
+            )
+            return
         if not self._devices(in_owner):
             return
         plan.flow["device"] = plan.refs(sorted(plan.devices))
@@ -336,6 +345,18 @@ class _Analyzer(cst.CSTVisitor):
         self._accumulation(module)
         self._multi_process_hazards()
         plan.convertible = True
+
+    def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
+        """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
+        core = self.plan.refs(self.plan.core())
+        if m.findall(func.body, m.Call(func=m.Attribute(attr=m.Name("backward")))):
+            return False  # it trains them too: `return model` at the end hands back the trained model
+        for ret in m.findall(func.body, m.Return()):
+            if ret.value is None or key_at(self, ret) != func.name.value:  # type: ignore[attr-defined]
+                continue
+            if any(ref_of(self, node) in core for node in m.findall(ret.value, m.Name())):  # type: ignore[attr-defined]
+                return True
+        return False
 
     def _existing_accelerator(self) -> None:
         plan = self.plan
