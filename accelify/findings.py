@@ -13,7 +13,8 @@ FINDINGS: dict[str, str] = {
     "ACC104": "The training objects are not built in one block, or a dataloader is iterated before the last is built: "
     "file left unchanged.",
     "ACC105": "`scaler.scale(loss).backward()`: left as it is, `accelerator.backward` would scale the loss twice.",
-    "ACC106": "`.backward()` in code that cannot reach the Accelerator: left as it is.",
+    "ACC106": "`.backward()` in code that cannot reach the Accelerator (a module others import, a helper called "
+    "from elsewhere): file left unchanged (with `--select`: that backward left as it is).",
     "ACC107": "Optimizers built in more than one function, or in a method other than `__init__`: file left unchanged.",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
     "left as it is.",

@@ -338,6 +338,14 @@ class _Analyzer(cst.CSTVisitor):
         if not plan.has_prepare and not self._prepare_point_ok(module):
             return
         self._needs_accelerator()
+        unreachable = self._backward_out_of_reach()
+        if unreachable is not None:
+            self.finding(
+                unreachable, "ACC106", "this backward cannot reach the script's Accelerator, and with a prepared "
+                "optimizer a plain backward is wrong under fp16, accumulation or DeepSpeed; file not converted.",
+                "pass the accelerator to this function and call `accelerator.backward(loss)`.",
+            )
+            return
         self._anchor = min((self._line(a) for ref, assigns in in_owner.items()
                             if ref[1] in plan.devices or ref[1] in plan.core() for a in assigns), default=0)
         self._wrapped = self._optimizer_wrappers(in_owner, optimizers)
@@ -830,11 +838,9 @@ class _Analyzer(cst.CSTVisitor):
     def _needs_accelerator(self) -> None:
         """Helpers outside the setup scope that call ``.backward()`` or gather metrics get the
         accelerator through their device parameter."""
-        from accelify.codemods.gather import find_gather
+        from accelify.codemods.gather import Gather, find_gather
 
         plan = self.plan
-        from accelify.codemods.gather import Gather
-
         gathering = [loop for loop in self.loops if isinstance(find_gather(self, loop, plan), Gather)]
         for call in [*self.backwards, *gathering]:
             key = key_at(self, call)
@@ -846,6 +852,29 @@ class _Analyzer(cst.CSTVisitor):
             elif top == key and self._can_take_accelerator(key):
                 plan.needs_accelerator.add(key)
                 plan.accelerator_params.add(key)
+
+    def _backward_out_of_reach(self) -> Optional[cst.Call]:
+        """A tensor ``.backward()`` that cannot go through the Accelerator.
+
+        With the optimizer prepared, such a backward is wrong as soon as the launcher picks
+        fp16 (the prepared optimizer unscales gradients nobody scaled), accumulation or
+        DeepSpeed: the file is better left as it is.
+        """
+        plan = self.plan
+        for call in self.backwards:
+            key = key_at(self, call)
+            if key is None or plan.accelerator_in(key) is not None or key in plan.needs_accelerator:
+                continue
+            receiver = call.func.value  # type: ignore[attr-defined]
+            if qualified_names(self, receiver) & {"torch.autograd", "torch"}:
+                continue  # torch.autograd.backward(...): a function, not a tensor method
+            if code_of(receiver) in (plan.accelerator, "accelerator"):
+                continue
+            scope = self.get_metadata(ScopeProvider, call, None)
+            if scope is not None and any(scope_key(a.scope) == key for a in scope["accelerator"]):
+                continue  # hand-written Accelerate code with its own accelerator
+            return call
+        return None
 
     def _can_take_accelerator(self, name: str) -> bool:
         """A script's module-level helper can get a new first parameter ``accelerator`` when every
