@@ -6,6 +6,7 @@ import re
 from typing import Optional, Union
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
@@ -26,6 +27,10 @@ from .base import AccelifyCodemod, accelerator_attr
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
 _DEVICE_LIKE = re.compile(r"dev|gpu|cuda|rank", re.I)
+
+
+# nn.Module methods that return the module itself.
+_MODULE_RETURNING = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "train", "eval", "requires_grad_"})
 
 
 class RemovePlacement(AccelifyCodemod):
@@ -187,6 +192,19 @@ class RemovePlacement(AccelifyCodemod):
                 self._strip.add(id(node_))
             node_ = node_.func.value
 
+    def _is_model(self, expr: cst.BaseExpression) -> bool:
+        """``model``, ``model.encoder[0]``, ``model.half()``: the model or a part of it, not what a
+        method of it returns (``model.decode(z)`` is a tensor)."""
+        while True:
+            if ref_of(self, expr) in self.plan.flow["model"]:
+                return True
+            if isinstance(expr, (cst.Attribute, cst.Subscript)):
+                expr = expr.value
+            elif m.matches(expr, m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in _MODULE_RETURNING))))):
+                expr = expr.func.value  # type: ignore[attr-defined]
+            else:
+                return False
+
     def _report_unclear(self, call: cst.Call) -> None:
         """Placements accelify recognises but must not guess about (ACC108)."""
         if not isinstance(call.func, cst.Attribute):
@@ -194,7 +212,7 @@ class RemovePlacement(AccelifyCodemod):
         method = call.func.attr.value
         receiver = call.func.value
         first = call.args[0].value if call.args and call.args[0].keyword is None else None
-        on_model = any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver))
+        on_model = self._is_model(receiver)
         if on_model and (method == "cpu" or (method == "to" and first is not None and string_value(first) == "cpu")):
             self.finding(
                 call, "ACC108", "a prepared model is moved off the accelerator; left as it is.",

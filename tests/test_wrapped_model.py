@@ -71,3 +71,11 @@ def test_class_trainer_methods_after_init_are_reported() -> None:
 def test_an_unwrapped_model_is_not_reported() -> None:
     source = SCRIPT.replace("print(model.config.name)", "print(accelerator.unwrap_model(model).config.name)")
     assert (23, "model.config") not in _reported(source)
+
+
+def test_moving_a_method_result_to_the_cpu_is_not_moving_the_model() -> None:
+    source = SCRIPT.replace("print(model.config.name)", "sample = model.decode(z).cpu()\nmodel.cpu()")
+    findings = convert(source).findings
+    moved = [f.line for f in findings if f.code == "ACC108"]
+    assert moved == [24]  # `model.cpu()`, not `model.decode(z).cpu()` (a tensor) on line 23
+    assert (23, "model.decode") in _reported(source)
