@@ -332,6 +332,10 @@ class _Analyzer(cst.CSTVisitor):
                 "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
             )
             return
+        self._anchor = min((self._line(a) for ref, assigns in in_owner.items()
+                            if ref[1] in plan.devices or ref[1] in plan.core() for a in assigns), default=0)
+        if not plan.devices and plan.cpu_flag is None:
+            self._placement_flag()
         self._helpers()
         self._schedulers(module, in_owner, set(optimizers))
         plan.has_prepare = self._has_prepare(module)
@@ -346,13 +350,41 @@ class _Analyzer(cst.CSTVisitor):
                 "pass the accelerator to this function and call `accelerator.backward(loss)`.",
             )
             return
-        self._anchor = min((self._line(a) for ref, assigns in in_owner.items()
-                            if ref[1] in plan.devices or ref[1] in plan.core() for a in assigns), default=0)
         self._wrapped = self._optimizer_wrappers(in_owner, optimizers)
         self._mixed_precision(module, in_owner)
         self._accumulation(module)
         self._multi_process_hazards()
         plan.convertible = True
+
+    def _placement_flag(self) -> None:
+        """``if args.cuda: model = model.cuda()``: the flag still decides, as ``Accelerator(cpu=not args.cuda)``.
+
+        Only when every placement of a trained model sits under one same test that is not
+        an availability check, and the Accelerator can read that test where it is created.
+        """
+        placements = [
+            call for call in self.calls
+            if m.matches(call.func, m.Attribute(attr=m.Name("cuda") | m.Name("to")))
+            and ref_of(self, _chain_root(call.func.value)) in self.plan.flow["model"]  # type: ignore[attr-defined]
+        ]
+        tests = []
+        for call in placements:
+            parent = self.get_metadata(ParentNodeProvider, call, None)
+            while parent is not None and not isinstance(parent, (cst.If, cst.FunctionDef, cst.Module)):
+                parent = self.get_metadata(ParentNodeProvider, parent, None)
+            if not isinstance(parent, cst.If) or call in m.findall(parent.test, m.Call()):
+                return
+            tests.append(parent.test)
+        if not tests or len({"".join(code_of(t).split()) for t in tests}) != 1:
+            return
+        test = tests[0]
+        if is_availability_check(self, test) or m.findall(test, m.Call()):
+            return
+        roots = [n for n in m.findall(test, m.Name()) if not _is_attr_name(test, n)]  # type: ignore[arg-type]
+        if not roots or not all(self._available_at_setup(n, n) for n in roots):  # type: ignore[arg-type]
+            return
+        self.plan.cpu_flag = _negate(test)
+        self._use_argument(test)
 
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
@@ -999,6 +1031,13 @@ _MODULE_API = frozenset({
     "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
     "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
 })
+
+
+def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``model.cuda().half()`` -> ``model``; ``Net().cuda()`` -> ``Net()``."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        expr = expr.func.value
+    return expr
 
 
 def _is_attr_name(expr: cst.BaseExpression, name: cst.Name) -> bool:
