@@ -8,6 +8,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 
+from libcst.metadata import Assignment, ParentNodeProvider, ScopeProvider
+
 from accelify.analysis import qualified_names, receiver_refs, ref_of, under_main_process_check
 from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
@@ -60,6 +62,8 @@ class Saving(AccelifyCodemod):
 
     def _model_state(self, expr: cst.BaseExpression) -> Optional[str]:
         """``model.state_dict()`` or ``accelerator.unwrap_model(model).state_dict()`` -> the model's code."""
+        if ref_of(self, expr) in self.plan.flow["model"]:
+            return None  # the whole model object: see _whole_model
         if not m.matches(expr, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
             return None
         owner = expr.func.value  # type: ignore[attr-defined]
@@ -70,8 +74,19 @@ class Saving(AccelifyCodemod):
         return None
 
     def _training_state(self, expr: cst.BaseExpression) -> bool:
-        """A dict holding the state of a prepared model or optimizer."""
+        """A dict holding the state of a prepared model or optimizer (or a name bound to one)."""
         prepared = self.plan.flow["model"] | self.plan.refs(self.plan.optimizers)
+        if isinstance(expr, cst.Name):
+            scope = self.get_metadata(ScopeProvider, expr, None)
+            values = [
+                a.node for a in (scope[expr.value] if scope is not None else ())
+                if isinstance(a, Assignment) and isinstance(a.node, cst.Name)
+            ]
+            for target in values:
+                assign = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, target, None), None)
+                if isinstance(assign, cst.Assign) and self._training_state(assign.value):
+                    return True
+            return False
         for call in m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("state_dict")))):
             if any(r in prepared for r in receiver_refs(self, call.func.value)):  # type: ignore[attr-defined]
                 return True
@@ -88,6 +103,9 @@ class Saving(AccelifyCodemod):
             return updated
         accelerator = self.accelerator_at(original_node)
         model = self._model_state(call.args[0].value)
+        whole = ref_of(self, call.args[0].value) in self.plan.flow["model"]
+        if whole:  # torch.save(model, path): pickle the plain model, once
+            model = cst.Module(body=[]).code_for_node(call.args[0].value)
         if model is None:
             if self._training_state(call.args[0].value):
                 self.finding(
@@ -101,7 +119,8 @@ class Saving(AccelifyCodemod):
         if accelerator is None or path_arg is None or (path_arg.keyword is not None and path_arg.keyword.value != "f"):
             return updated
         path = cst.Module(body=[]).code_for_node(updated_node.body[0].value.args[1].value)  # type: ignore[attr-defined]
-        save = self.parse_statement(f"{accelerator}.save({accelerator}.unwrap_model({model}).state_dict(), {path})\n")
+        state = "" if whole else ".state_dict()"
+        save = self.parse_statement(f"{accelerator}.save({accelerator}.unwrap_model({model}){state}, {path})\n")
         RemoveImportsVisitor.remove_unused_import_by_node(self.context, call.func)
         self.change(original_node, "saved once, from the unwrapped model, after every process is done")
         if under_main_process_check(self, original_node) or self._per_process(original_node):

@@ -12,3 +12,31 @@ def test_no_barrier_under_a_per_process_decision() -> None:
     assert "wait_for_everyone" not in best.split("if acc > best:")[1]
     # `if epoch == 2:` is the same on every process: the barrier stays
     assert "if epoch == 2:\n            accelerator.wait_for_everyone()\n" in last
+
+
+SAVES = """\
+import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(make_dataset(), batch_size=8)
+net = Net()
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in loader:
+    loss = net(x, y)
+    loss.backward()
+    optimizer.step()
+state = {"net": net.state_dict(), "acc": 0.5, "epoch": 3}
+torch.save(state, "ckpt.pth")
+torch.save(net, "model.pth")
+"""
+
+
+def test_a_whole_model_is_saved_unwrapped_once() -> None:
+    output = convert(SAVES).output
+    assert 'accelerator.wait_for_everyone()\naccelerator.save(accelerator.unwrap_model(net), "model.pth")\n' in output
+
+
+def test_a_checkpoint_dict_bound_to_a_name_is_reported() -> None:
+    result = convert(SAVES)
+    assert 'torch.save(state, "ckpt.pth")' in result.output
+    assert [(f.code, f.line) for f in result.findings] == [("ACC111", 12)]
