@@ -429,7 +429,7 @@ class _Analyzer(cst.CSTVisitor):
             if not any(kinds):
                 continue
             name = ref[1]
-            if len(assigns) == 2 and self._if_else_device(name, assigns):
+            if len(assigns) >= 2 and self._if_else_device(name, assigns):
                 continue
             if len(assigns) != 1 or len(kinds) != 1 or kinds[0] is None:
                 self.finding(assigns[0], "ACC103", f"`{name}` is assigned more than once; file not converted.",
@@ -456,20 +456,45 @@ class _Analyzer(cst.CSTVisitor):
         return True
 
     def _if_else_device(self, name: str, assigns: list[cst.Assign]) -> bool:
-        """``if use_accel: device = <accelerator> else: device = torch.device("cpu")``."""
-        parents = [self._enclosing_if(a) for a in assigns]
-        stmt = parents[0]
-        if not isinstance(stmt, cst.If) or not isinstance(stmt.orelse, cst.Else) or parents[1] is not stmt:
+        """``if use_accel: device = <accelerator> [elif use_mps: device = <accelerator>] else: device = "cpu"``.
+
+        Every branch but the last picks an accelerator and the last the CPU: the tests
+        together are the flag, ``Accelerator(cpu=not (a or b))``.
+        """
+        top = self._enclosing_if(assigns[0])
+        if not isinstance(top, cst.If):
             return False
-        body, orelse = stmt.body.body, stmt.orelse.body.body
-        if len(body) != 1 or len(orelse) != 1:
+        tests: list[cst.BaseExpression] = []
+        branches: list[cst.BaseSuite] = []
+        node: cst.CSTNode = top
+        while isinstance(node, cst.If):
+            tests.append(node.test)
+            branches.append(node.body)
+            node = node.orelse  # type: ignore[assignment]
+        if not isinstance(node, cst.Else):
             return False
-        kinds = [classify_device(self, a.value) for a in assigns]
-        if [k.kind if k else None for k in kinds] != ["auto", "cpu"]:
+        branches.append(node.body)
+        if len(assigns) != len(branches) or not all(isinstance(b, cst.IndentedBlock) and len(b.body) == 1 for b in branches):
+            return False
+        lines = [b.body[0] for b in branches]  # type: ignore[attr-defined]
+        for line, assign in zip(lines, assigns):
+            if not isinstance(line, cst.SimpleStatementLine) or line.body[0] is not assign:
+                return False
+        kinds = [k.kind if (k := classify_device(self, a.value)) else None for a in assigns]
+        if kinds != ["auto"] * (len(assigns) - 1) + ["cpu"]:
             return False
         self.plan.devices.add(name)
-        if not is_availability_check(self, stmt.test):
-            self.plan.cpu_flag = _negate(stmt.test)
+        flags = [t for t in tests if not is_availability_check(self, t)]
+        if len(flags) == len(tests):
+            if len(tests) == 1:
+                self.plan.cpu_flag = _negate(tests[0])
+            else:
+                self.plan.cpu_flag = "not (" + " or ".join(
+                    code_of(t) if not isinstance(t, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) else f"({code_of(t)})"
+                    for t in tests
+                ) + ")"
+        elif flags:
+            return False  # an availability check beside a flag: not one Accelerator argument
         return True
 
     def _enclosing_if(self, assign: cst.Assign) -> Optional[cst.CSTNode]:

@@ -174,22 +174,37 @@ class RemoveDevice(AccelifyCodemod):
         return updated
 
     def _is_device_if(self, node: cst.If) -> bool:
-        return isinstance(node.orelse, cst.Else) and all(
-            self._is_device_assignment(s) for s in (*node.body.body, *node.orelse.body.body)
-        )
+        """``if ...: device = ... [elif ...: device = ...] else: device = ...``, every branch a device."""
+        if not all(self._is_device_assignment(s) for s in node.body.body):
+            return False
+        if isinstance(node.orelse, cst.If):
+            return self._is_device_if(node.orelse)
+        return isinstance(node.orelse, cst.Else) and all(self._is_device_assignment(s) for s in node.orelse.body.body)
+
+    def _top_of_chain(self, node: cst.If) -> cst.If:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while isinstance(parent, cst.If) and parent.orelse is node:
+            node, parent = parent, self.get_metadata(ParentNodeProvider, parent, None)
+        return node
+
+    def _in_device_chain(self, node: cst.If) -> bool:
+        top = self._top_of_chain(node)
+        return top is not node and self._is_device_if(top)
 
     def _in_device_if(self, stmt: cst.SimpleStatementLine) -> bool:
         node: Optional[cst.CSTNode] = stmt
         for _ in range(3):  # line < block < (Else <) If
             node = self.get_metadata(ParentNodeProvider, node, None)
             if isinstance(node, cst.If):
-                return self._is_device_if(node)
+                return self._is_device_if(self._top_of_chain(node))
         return False
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
         # if use_accel: device = ... else: device = torch.device("cpu")
-        if self._is_device_if(original_node):
+        if self._is_device_if(original_node) and self._top_of_chain(original_node) is original_node:
             return self._replace_or_remove(original_node, updated_node)
+        if self._in_device_chain(original_node):
+            return updated_node  # an `elif` of a device chain: the whole chain is replaced at its top
         return super().leave_If(original_node, updated_node)
 
     # ------------------------------------------------------------------ helper signatures and calls
