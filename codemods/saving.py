@@ -56,6 +56,7 @@ class Saving(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._taint = EarlyStops(self, self.plan, node, [], [])
+        self._saved: set[int] = set()  # saves rewritten with a barrier before them
 
     def _per_process(self, node: cst.CSTNode) -> bool:
         return self._taint.guarded_by(node) is not None
@@ -127,5 +128,15 @@ class Saving(AccelifyCodemod):
             # A barrier here would wait for processes that never get here: under a main-process
             # check, or under a test each process decides on its own (`if val_acc > best:`).
             return save.with_changes(leading_lines=updated_node.leading_lines)
+        self._saved.add(id(original_node))
+        if self._follows_a_save(original_node):
+            # `save(G); save(D)`: the barrier before the first one covers both
+            return save.with_changes(leading_lines=updated_node.leading_lines)
         wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")
         return cst.FlattenSentinel([wait.with_changes(leading_lines=updated_node.leading_lines), save])
+
+    def _follows_a_save(self, node: cst.SimpleStatementLine) -> bool:
+        block = self.get_metadata(ParentNodeProvider, node, None)
+        body = list(getattr(block, "body", ()))
+        index = next((i for i, s in enumerate(body) if s is node), 0)
+        return index > 0 and id(body[index - 1]) in self._saved

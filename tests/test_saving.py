@@ -40,3 +40,13 @@ def test_a_checkpoint_dict_bound_to_a_name_is_reported() -> None:
     result = convert(SAVES)
     assert 'torch.save(state, "ckpt.pth")' in result.output
     assert [(f.code, f.line) for f in result.findings] == [("ACC111", 12)]
+
+
+def test_back_to_back_saves_share_one_barrier() -> None:
+    source = SAVES.replace('torch.save(net, "model.pth")\n', 'torch.save(net, "model.pth")\ntorch.save(net.state_dict(), "weights.pth")\n')
+    output = convert(source).output
+    assert output.count("accelerator.wait_for_everyone()") == 1
+    assert output.endswith(
+        'accelerator.wait_for_everyone()\naccelerator.save(accelerator.unwrap_model(net), "model.pth")\n'
+        'accelerator.save(accelerator.unwrap_model(net).state_dict(), "weights.pth")\n'
+    )
