@@ -192,6 +192,14 @@ class RemovePlacement(AccelifyCodemod):
                 self._strip.add(id(node_))
             node_ = node_.func.value
 
+    def visit_Module(self, node: cst.Module) -> None:
+        self._model_leaves_device = any(
+            self._is_model(call.func.value)  # type: ignore[attr-defined]
+            and (call.func.attr.value == "cpu"  # type: ignore[attr-defined]
+                 or (call.args and string_value(call.args[0].value) == "cpu"))  # type: ignore[attr-defined]
+            for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("cpu") | m.Name("to"))))
+        )
+
     def _is_model(self, expr: cst.BaseExpression) -> bool:
         """``model``, ``model.encoder[0]``, ``model.half()``: the model or a part of it, not what a
         method of it returns (``model.decode(z)`` is a tensor)."""
@@ -239,7 +247,8 @@ class RemovePlacement(AccelifyCodemod):
         if not strip and root is not None and root.value in self._current_derived():
             strip = True
         if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)):
-            strip = True
+            # A model the script moves off the device (`model.cpu()` to save) must be moved back.
+            strip = not self._model_leaves_device
         if strip:
             self.touch()
             self.change(original_node, "placement removed: prepare() places this object")

@@ -79,3 +79,27 @@ def test_moving_a_method_result_to_the_cpu_is_not_moving_the_model() -> None:
     moved = [f.line for f in findings if f.code == "ACC108"]
     assert moved == [24]  # `model.cpu()`, not `model.decode(z).cpu()` (a tensor) on line 23
     assert (23, "model.decode") in _reported(source)
+
+
+def test_a_model_moved_to_the_cpu_and_back_keeps_the_way_back() -> None:
+    source = """\
+import torch
+from torch.utils.data import DataLoader
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = DataLoader(make_dataset(), batch_size=8)
+model = Net().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, (x, y) in enumerate(loader):
+    loss = model(x.to(device), y.to(device))
+    loss.backward()
+    optimizer.step()
+    if step % 100 == 0:
+        model.eval().cpu()
+        export(model)
+        model.to(device).train()
+"""
+    result = convert(source)
+    assert "model = Net()\n" in result.output  # the first placement goes: prepare places the model
+    assert "        model.to(accelerator.device).train()\n" in result.output  # the way back stays
+    assert [f.code for f in result.findings] == ["ACC108"]
