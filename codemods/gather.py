@@ -53,7 +53,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
                 if root is not None and root.value in batch:
                     batch |= {n for t in assign.targets for n in assigned_names(t.target)}
             continue
-        value = assign.value.value if isinstance(assign.value, cst.Attribute) else assign.value
+        value = _model_call(assign.value)
         if not (isinstance(value, cst.Call) and ref_of(visitor, value.func) in plan.flow["model"]):
             root = root_name(assign.value)
             if root is not None and root.value in batch:
@@ -76,6 +76,22 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
             return "the metrics read a value derived from the batch that accelify cannot gather with the outputs"
         return Gather(block, stmt, names)
     return None
+
+
+def _model_call(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``model(x).logits``, ``model(a, b).squeeze()`` -> ``model(...)``: the call that makes the output."""
+    while True:
+        if isinstance(expr, cst.Attribute):
+            expr = expr.value
+        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and isinstance(
+            expr.func.value, (cst.Call, cst.Attribute)
+        ) and not isinstance(expr.func.value, cst.Name):
+            inner = expr.func.value
+            if isinstance(inner, cst.Attribute) and not isinstance(inner.value, cst.Call):
+                return expr  # `self.model(x)`: the call itself
+            expr = inner
+        else:
+            return expr
 
 
 def _first_use(statements: list[cst.BaseStatement], names: set[str]):

@@ -40,3 +40,8 @@ def test_labels_accelify_cannot_follow_mean_no_gather_and_a_finding() -> None:
     assert "gather_for_metrics" not in result.output
     findings = [f for f in result.findings if f.code == "ACC114"]
     assert findings and "derived from the batch" in findings[0].message
+
+
+def test_an_output_taken_through_a_method_of_the_model_call_is_gathered() -> None:
+    source = SCRIPT.replace("        out = model(x)\n", "        out = model(x).squeeze()\n")
+    assert "        out, y = accelerator.gather_for_metrics((out, y))\n" in convert(source).output
