@@ -101,6 +101,13 @@ def assigned_names(target: cst.BaseExpression) -> list[str]:
     return []
 
 
+def read_names(node: cst.CSTNode) -> list[cst.Name]:
+    """The ``Name`` nodes in ``node`` that name something, not the ``.attr`` part of an attribute
+    (in ``torch.accelerator.x`` only ``torch``)."""
+    attrs = {id(a.attr) for a in m.findall(node, m.Attribute())}  # type: ignore[attr-defined]
+    return [n for n in m.findall(node, m.Name()) if id(n) not in attrs]  # type: ignore[misc]
+
+
 # --------------------------------------------------------------------------
 # devices
 

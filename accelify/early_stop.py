@@ -23,7 +23,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
-from accelify.analysis import MODULE, RawFinding, key_at, peel_iterable, qualified_names, ref_of
+from accelify.analysis import MODULE, RawFinding, assigned_names, key_at, peel_iterable, qualified_names, ref_of
 
 _GATHERS = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes", "check_trigger"})
 Loop = Union[cst.For, cst.While]
@@ -46,18 +46,6 @@ def _reads(expr: cst.CSTNode) -> Iterator[str]:
         return
     for child in expr.children:
         yield from _reads(child)
-
-
-def _targets(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if m.matches(target, m.Attribute(value=m.Name("self"), attr=m.Name())):
-        return [f"self.{target.attr.value}"]  # type: ignore[attr-defined]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for el in target.elements for n in _targets(el.value)]
-    if isinstance(target, cst.StarredElement):
-        return _targets(target.value)
-    return []
 
 
 class EarlyStops:
@@ -148,20 +136,20 @@ class EarlyStops:
         for node in m.findall(root, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()):
             guards = self._guards(node, root)
             if isinstance(node, cst.Assign):
-                names = [n for t in node.targets for n in _targets(t.target)]
+                names = [n for t in node.targets for n in assigned_names(t.target)]
                 bindings.append((names, [node.value, *guards]))
             elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
                 if node.value is not None:
-                    bindings.append((_targets(node.target), [node.value, *guards]))
+                    bindings.append((assigned_names(node.target), [node.value, *guards]))
             else:  # a for loop: enumerate's index counts batches, the rest is data
                 target, it = node.target, node.iter
                 if (
                     isinstance(it, cst.Call) and qualified_names(self.visitor, it.func) & {"builtins.enumerate", "enumerate"}
                     and isinstance(target, cst.Tuple) and len(target.elements) == 2 and it.args
                 ):
-                    bindings.append((_targets(target.elements[1].value), [it.args[0].value, *guards]))
+                    bindings.append((assigned_names(target.elements[1].value), [it.args[0].value, *guards]))
                 else:
-                    bindings.append((_targets(target), [it, *guards]))
+                    bindings.append((assigned_names(target), [it, *guards]))
         changed = True
         while changed:
             changed = False

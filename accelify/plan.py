@@ -42,6 +42,7 @@ from accelify.analysis import (
     loop_over,
     peel_iterable,
     qualified_names,
+    read_names,
     ref_of,
     assigned_names,
     scope_key,
@@ -380,7 +381,7 @@ class _Analyzer(cst.CSTVisitor):
         test = tests[0]
         if is_availability_check(self, test) or m.findall(test, m.Call()):
             return
-        roots = [n for n in m.findall(test, m.Name()) if not _is_attr_name(test, n)]  # type: ignore[arg-type]
+        roots = read_names(test)
         if not roots or not all(self._available_at_setup(n, n) for n in roots):  # type: ignore[arg-type]
             return
         self.plan.cpu_flag = _negate(test)
@@ -545,7 +546,7 @@ class _Analyzer(cst.CSTVisitor):
 
     def _use_argument(self, expr: cst.BaseExpression) -> str:
         """Record that the Accelerator reads ``expr`` (it is created after its names are bound)."""
-        self.plan.argument_names |= {n.value for n in m.findall(expr, m.Name()) if not _is_attr_name(expr, n)}
+        self.plan.argument_names |= {n.value for n in read_names(expr)}
         return code_of(expr)
 
     def _optimizer_wrappers(self, in_owner: dict[Ref, list[cst.Assign]], optimizers: dict) -> bool:
@@ -1063,11 +1064,6 @@ def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
         expr = expr.func.value
     return expr
-
-
-def _is_attr_name(expr: cst.BaseExpression, name: cst.Name) -> bool:
-    """Is ``name`` the ``.attr`` part of an attribute in ``expr`` (``args.steps``: ``steps``)?"""
-    return any(a.attr is name for a in m.findall(expr, m.Attribute()))  # type: ignore[attr-defined]
 
 
 def _is_string(value: cst.BaseExpression) -> bool:

@@ -9,7 +9,7 @@ import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import Body as Block
-from accelify.analysis import binds, scope_root, setup_blocks
+from accelify.analysis import binds, read_names, scope_root, setup_blocks
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod, insert_paragraph
@@ -94,8 +94,7 @@ class AddAccelerator(AccelifyCodemod):
         if self.plan.class_mode:
             return bool(m.findall(stmt, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))))
         name = self.plan.accelerator.split(".")[0]
-        attrs = {id(a.attr) for a in m.findall(stmt, m.Attribute())}  # type: ignore[attr-defined]
-        return any(id(n) not in attrs for n in m.findall(stmt, m.Name(name)))
+        return any(n.value == name for n in read_names(stmt))
 
     def edit_body(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         if original is not self._target:

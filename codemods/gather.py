@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -83,15 +83,10 @@ def _model_call(expr: cst.BaseExpression) -> cst.BaseExpression:
     while True:
         if isinstance(expr, cst.Attribute):
             expr = expr.value
-        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and isinstance(
-            expr.func.value, (cst.Call, cst.Attribute)
-        ) and not isinstance(expr.func.value, cst.Name):
-            inner = expr.func.value
-            if isinstance(inner, cst.Attribute) and not isinstance(inner.value, cst.Call):
-                return expr  # `self.model(x)`: the call itself
-            expr = inner
+        elif isinstance(expr, cst.Call) and m.matches(expr.func, m.Attribute(value=m.Call() | m.Attribute(value=m.Call()))):
+            expr = expr.func.value  # type: ignore[attr-defined]
         else:
-            return expr
+            return expr  # `model(x)`, `self.model(x)`
 
 
 def _first_use(statements: list[cst.BaseStatement], names: set[str]):

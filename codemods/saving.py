@@ -7,7 +7,6 @@ from typing import Optional, Union
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
-
 from libcst.metadata import Assignment, ParentNodeProvider, ScopeProvider
 
 from accelify.analysis import qualified_names, receiver_refs, ref_of, under_main_process_check
