@@ -595,13 +595,11 @@ class _Analyzer(cst.CSTVisitor):
             if ref_of(self, peel_iterable(self, loop.iter)) in plan.flow["loader"] and looks_manual(loop)
         ]
         for loop in loops:
-            found = match(self, loop, plan)
+            found = "the script already has an Accelerator" if plan.has_accelerator else match(self, loop, plan)
             reason = found if isinstance(found, str) else None
             if reason is None:
                 if len(loops) != 1:
                     reason = "more than one loop accumulates gradients"
-                elif plan.has_accelerator:
-                    reason = "the script already has an Accelerator"
                 elif self._wrapped:
                     reason = "the optimizer is wrapped (ACC118)"
                 elif not all(self._plain_scheduler(c) for c in self._scheduler_calls):
