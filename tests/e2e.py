@@ -8,12 +8,13 @@ tests/ on sys.path). Importing it does not import torch.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,56 +30,15 @@ DIST_VARS = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 )
 
-# Set by run_two_cpu_processes(): DIST_WRAPPER sends each rank's stdout to
+# Set by run_two_cpu_processes(): the wrapper sends each rank's stdout to
 # f"{$E2E_RANK_STDOUT}.{rank}" instead of the shared pipe.
 RANK_STDOUT_VAR = "E2E_RANK_STDOUT"
+# Set by run_traced(): the wrapper writes what the script did to f"{$E2E_TRACE}.{rank}.json".
+TRACE_VAR = "E2E_TRACE"
 
-# A converted script that ends right after its training loop calls neither
-# `accelerator.wait_for_everyone()` nor `accelerator.end_training()`, so under
-# torch.distributed.run the gloo process group is still alive when the
-# interpreter exits, and gloo has been seen to abort there now and then
-# ("terminate called without an active exception"). That is teardown noise,
-# not a conversion bug, so 2-process runs execute the converted file
-# *unchanged* via runpy and then shut the process group down cleanly
-# (barrier so no rank tears down while a peer is still in a collective, then
-# destroy, then os._exit(0) so that no C++ destructor runs at interpreter exit).
-# Any exception from the script still propagates (non-zero exit).
-#
-# When $E2E_RANK_STDOUT is set, file descriptor 1 of each rank is pointed at
-# its own file before the script runs, so the ranks' prints can neither
-# interleave (Python block-buffers a pipe and may flush mid-line) nor be
-# confused with each other. stderr stays on the shared pipe.
-DIST_WRAPPER = textwrap.dedent(
-    """\
-    import os
-    import runpy
-    import sys
-
-    import torch.distributed as dist
-
-    prefix = os.environ.get("E2E_RANK_STDOUT")
-    if prefix:
-        sys.stdout.flush()
-        fd = os.open(f"{prefix}.{os.environ['RANK']}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.close(fd)
-
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    try:
-        runpy.run_path(script, run_name="__main__")
-    finally:
-        sys.stdout.flush()
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-    # The script ran to its end and the process group is gone: leave without the
-    # interpreter's teardown, where gloo's threads were still seen to abort.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-    """
-)
+# Every run goes through this wrapper (see its docstring): it records what the script did
+# and, under torch.distributed.run, tears the process group down cleanly after the script.
+WRAPPER = Path(__file__).resolve().parent / "e2e_wrapper.py"
 
 
 def script_env(**extra: str) -> dict[str, str]:
@@ -91,7 +51,7 @@ def script_env(**extra: str) -> dict[str, str]:
         if k not in DIST_VARS
         and not k.startswith("ACCELERATE_")
         and not k.startswith("ACCELIFY_")
-        and k != RANK_STDOUT_VAR
+        and k not in (RANK_STDOUT_VAR, TRACE_VAR)
     }
     env["CUDA_VISIBLE_DEVICES"] = ""
     env["OMP_NUM_THREADS"] = "1"
@@ -129,14 +89,14 @@ def free_port() -> int:
 
 
 def run_single_process(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`python script.py` in the script's directory."""
-    return run([sys.executable, script.name], script.parent, env)
+    """`python script.py` (through the wrapper) in the script's directory."""
+    return run([sys.executable, str(WRAPPER), script.name], script.parent, env)
 
 
 def run_two_cpu_processes(
     script: Path, env: dict[str, str], *, rank_stdout: bool = False
 ) -> tuple[subprocess.CompletedProcess, list[str] | None]:
-    """Run `script` (unchanged, through DIST_WRAPPER) on two CPU processes with
+    """Run `script` (unchanged, through the wrapper) on two CPU processes with
     `python -m torch.distributed.run --nproc_per_node 2`, ACCELERATE_USE_CPU=1,
     in the script's directory.
 
@@ -145,8 +105,6 @@ def run_two_cpu_processes(
     are then also appended, in rank order, to the returned process's stdout.
     """
     cwd = script.parent
-    wrapper = cwd / "_e2e_run_and_teardown.py"
-    wrapper.write_text(DIST_WRAPPER, encoding="utf-8")
     env = {**env, "ACCELERATE_USE_CPU": "1"}
     prefix = cwd / f"{script.stem}.stdout"
     if rank_stdout:
@@ -156,7 +114,7 @@ def run_two_cpu_processes(
         "--nproc_per_node", "2",
         "--master_addr", "127.0.0.1",
         "--master_port", str(free_port()),
-        wrapper.name, script.name,
+        str(WRAPPER), script.name,
     ]  # fmt: skip
     proc = run(cmd, cwd, env)
     if not rank_stdout:
@@ -170,3 +128,34 @@ def run_two_cpu_processes(
     proc.stdout += "".join(f"--- rank {rank} stdout ---\n{out}" for rank, out in enumerate(outputs))
     assert not Path(f"{prefix}.2").exists(), "a third rank ran"
     return proc, outputs
+
+
+@dataclass
+class Run:
+    """One traced run of a script: the process, and per rank its stdout and its trace."""
+
+    proc: subprocess.CompletedProcess
+    stdout: list[str]
+    traces: list[dict]
+
+
+def run_traced(script: Path, env: dict[str, str], processes: int = 1) -> Run:
+    """Run `script` on one process or two CPU processes with the wrapper's trace on
+    (tests/e2e_wrapper.py): what each rank printed and did. Fails the test when the
+    run fails or a rank left no trace."""
+    trace = script.parent / f"{script.stem}.{processes}p.trace"
+    env = {**env, TRACE_VAR: str(trace)}
+    if processes == 1:
+        proc = run_single_process(script, env)
+        outputs = [proc.stdout]
+    else:
+        assert processes == 2
+        proc, outputs = run_two_cpu_processes(script, env, rank_stdout=True)
+    assert_ok(proc)
+    traces = []
+    for rank in range(processes):
+        path = Path(f"{trace}.{rank}.json")
+        assert path.exists(), f"rank {rank} left no trace\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        traces.append(json.loads(path.read_text(encoding="utf-8")))
+        assert traces[-1]["world"] == processes, f"rank {rank} ran in a world of {traces[-1]['world']}"
+    return Run(proc, outputs, traces)

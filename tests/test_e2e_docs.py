@@ -29,7 +29,7 @@ TRAIN_ROWS = 24
 BATCH_SIZE = 8
 NUM_EPOCHS = 3
 
-# The 2-process run goes through e2e.DIST_WRAPPER, which tears the gloo process
+# The 2-process run goes through tests/e2e_wrapper.py, which tears the gloo process
 # group down cleanly after the script (see the comment there).
 
 

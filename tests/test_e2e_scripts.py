@@ -1,7 +1,13 @@
 """End-to-end: runnable fixture scripts (synthetic data, one printed line per
 training step containing "loss") train the same before and after conversion
-on one process, and the converted script shards its data across two CPU
-processes under torch.distributed.run.
+on one process, and the converted script trains ONE model on two CPU processes
+under torch.distributed.run, each process on its own shard.
+
+Every run goes through tests/e2e_wrapper.py, whose trace records what the script
+did (optimizer steps and final parameters, the dataset indices each loader drew,
+every torch.save): the checks below read that, not only what the script prints,
+so a conversion that trains two separate models, feeds both ranks the same data
+or saves twice fails even when its printed losses look right.
 
 Only fixtures whose before.py is a self-contained runnable training script are
 listed; e.g. fixtures/device_other_uses is a conversion fixture, not runnable.
@@ -19,17 +25,42 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from e2e import FIXTURES, assert_ok, run_single_process, run_two_cpu_processes, script_env  # noqa: E402
+from e2e import FIXTURES, Run, run_traced, script_env  # noqa: E402
 
 from accelify.pipeline import convert_source  # noqa: E402
 
-RUNNABLE = [
-    "mnist_functions", "class_trainer", "gan_two_optimizers", "data_parallel", "teacher_in_main", "two_schedulers",
-    "accumulation_runnable", "mnist_accel_flag", "helpers_without_device",
-]
+
+@dataclass(frozen=True)
+class Expect:
+    """What a runnable fixture prints and does, so that no check compares empty lists."""
+
+    #: prefixes of its evaluation lines (counts over the eval set, learning rates per epoch)
+    evals: tuple[str, ...] = ()
+    #: ... of which those that must not depend on the number of processes (learning rates per epoch);
+    #: the others (accuracy of the model trained) differ, but must count every eval sample once
+    invariant: tuple[str, ...] = ()
+    #: files it saves with torch.save (once each, in one process and in two)
+    saves: tuple[str, ...] = ()
+
+
+RUNNABLE = {
+    "mnist_functions": Expect(evals=("Test set",), saves=("mnist_cnn.pt",)),
+    "class_trainer": Expect(),
+    "gan_two_optimizers": Expect(),
+    "data_parallel": Expect(evals=("saved",), invariant=("saved",)),
+    "teacher_in_main": Expect(),
+    "two_schedulers": Expect(evals=("after epoch",), invariant=("after epoch",)),
+    "accumulation_runnable": Expect(evals=("after epoch",), invariant=("after epoch",)),
+    "mnist_accel_flag": Expect(evals=("Test set",)),
+    "helpers_without_device": Expect(evals=("Test set",)),
+    "nested_batch_chunks": Expect(),
+    "list_metrics": Expect(evals=("Test set",)),
+}
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).
 _EPOCH = re.compile(r"\bepoch:?\s*(\d+)", re.IGNORECASE)
+# `.backward(` of anything but the accelerator: a backward left unconverted.
+_PLAIN_BACKWARD = re.compile(r"(?<!accelerator)\.backward\(")
 
 
 def loss_lines(stdout: str) -> list[str]:
@@ -38,9 +69,8 @@ def loss_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if "loss" in line.lower()]
 
 
-def eval_lines(stdout: str) -> list[str]:
-    """Evaluation results (mnist_functions) and learning rates after each epoch (two_schedulers)."""
-    return [line for line in stdout.splitlines() if line.startswith(("Test set", "after epoch"))]
+def eval_lines(stdout: str, expect: Expect) -> list[str]:
+    return [line for line in stdout.splitlines() if expect.evals and line.startswith(expect.evals)]
 
 
 def steps_per_epoch(lines: list[str]) -> Counter:
@@ -55,105 +85,136 @@ def steps_per_epoch(lines: list[str]) -> Counter:
 @dataclass
 class Case:
     name: str
+    expect: Expect
     source: str
     converted: str
     error: object
     workdir: Path
 
 
-@pytest.fixture(scope="module", params=RUNNABLE)
+@pytest.fixture(scope="module", params=sorted(RUNNABLE))
 def case(request, tmp_path_factory) -> Case:
     name = request.param
     before = FIXTURES / name / "before.py"
     source = before.read_text(encoding="utf-8")
     result = convert_source(source, str(before))
     workdir = tmp_path_factory.mktemp(name)
-    (workdir / "before.py").write_text(source, encoding="utf-8")
+    for stem in ("before", "after", "after2"):
+        (workdir / stem).mkdir()
+    (workdir / "before" / "train.py").write_text(source, encoding="utf-8")
     if result.error is None:
-        (workdir / "after.py").write_text(result.output, encoding="utf-8")
-    return Case(name, source, result.output, result.error, workdir)
+        (workdir / "after" / "train.py").write_text(result.output, encoding="utf-8")
+        (workdir / "after2" / "train.py").write_text(result.output, encoding="utf-8")
+    return Case(name, RUNNABLE[name], source, result.output, result.error, workdir)
 
 
 @pytest.fixture(scope="module")
-def single_runs(case):
-    """`python before.py` and `python after.py`, one process each, CPU only."""
+def runs(case) -> dict[str, Run]:
+    """The original and the converted script on one process, and the converted one on two:
+    each in its own directory, so that what one saves cannot be read as the other's."""
     if case.error is not None:
         pytest.skip(f"{case.name} did not convert: {case.error}")
     env = script_env()
-    return {stem: run_single_process(case.workdir / f"{stem}.py", env) for stem in ("before", "after")}
+    return {
+        "before": run_traced(case.workdir / "before" / "train.py", env),
+        "after": run_traced(case.workdir / "after" / "train.py", env),
+        "two": run_traced(case.workdir / "after2" / "train.py", env, processes=2),
+    }
 
 
 def test_converts(case):
     assert case.error is None, case.error
     assert case.converted != case.source
-    assert "prepare(" in case.converted
-    assert ".backward(" in case.converted
+    assert "accelerator.prepare(" in case.converted
+    assert "accelerator.backward(" in case.converted
+    assert not _PLAIN_BACKWARD.search(case.converted), "a backward was left unconverted"
 
 
-def test_single_process_same_losses(case, single_runs):
-    assert_ok(single_runs["before"])
-    assert_ok(single_runs["after"])
-    before, after = loss_lines(single_runs["before"].stdout), loss_lines(single_runs["after"].stdout)
-    assert before, f"{case.name}/before.py printed no loss lines:\n{single_runs['before'].stdout}"
+def test_single_process_trains_the_same(case, runs):
+    before, after = runs["before"], runs["after"]
+    losses = loss_lines(before.stdout[0])
+    assert losses, f"{case.name}/before.py printed no loss lines:\n{before.stdout[0]}"
     # Same seed, same data order, same init, one process: Accelerate must not
     # change a single step (no extra/missing steps, no loss scaling, same
-    # batches), so the printed per-step losses match to the last digit.
-    assert after == before
-    # Evaluation results too (mnist_functions prints one "Test set" line per epoch).
-    assert eval_lines(single_runs["after"].stdout) == eval_lines(single_runs["before"].stdout)
+    # batches), so the printed per-step losses match to the last digit...
+    assert loss_lines(after.stdout[0]) == losses
+    evaluations = eval_lines(before.stdout[0], case.expect)
+    assert bool(evaluations) == bool(case.expect.evals), f"eval lines {case.expect.evals}: {evaluations}"
+    assert eval_lines(after.stdout[0], case.expect) == evaluations
+    # ...and so do the steps taken, the final weights and learning rates, the data drawn and the saves.
+    original, converted = before.traces[0], after.traces[0]
+    assert original["optimizers"], "the original never stepped an optimizer"
+    assert converted["optimizers"] == original["optimizers"]
+    assert converted["loaders"] == original["loaders"]
+    assert converted["saves"] == original["saves"]
+    assert sorted(s["file"] for s in original["saves"]) == sorted(case.expect.saves)
 
 
-def test_two_cpu_processes_shard_the_data(case, single_runs):
-    assert_ok(single_runs["before"])
-    single = loss_lines(single_runs["before"].stdout)
-    assert single, f"{case.name}/before.py printed no loss lines"
+def test_two_processes_train_one_model(case, runs):
+    """DDP: both ranks step the same number of times and end with the same weights.
+    A model left out of `prepare` trains a separate copy per rank on its own shard."""
+    rank0, rank1 = runs["two"].traces
+    assert rank0["optimizers"], "no optimizer stepped on two processes"
+    assert len(rank0["optimizers"]) == len(rank1["optimizers"]) == len(runs["before"].traces[0]["optimizers"])
+    for mine, theirs in zip(rank0["optimizers"], rank1["optimizers"]):
+        assert mine["steps"] == theirs["steps"]
+        assert mine["checksum"] == theirs["checksum"], "the ranks ended with different weights"
 
-    proc, (rank0_out, rank1_out) = run_two_cpu_processes(case.workdir / "after.py", script_env(), rank_stdout=True)
-    assert_ok(proc)
-    # Each rank's stdout goes to its own file (see e2e.DIST_WRAPPER), so lines
-    # can't interleave or be torn mid-line between ranks.
-    ranks = [loss_lines(rank0_out), loss_lines(rank1_out)]
-    # accelerator.print: every log line appears once, from the main process.
-    assert ranks[0], f"the main process printed no loss lines:\n{proc.stdout}"
-    assert ranks[1] == [], f"rank 1 printed too:\n{rank1_out}"
 
-    # prepare() shards each epoch's n batches across the 2 ranks. Accelerate's
-    # default even_batches=True gives every rank ceil(n / 2) batches (the odd
-    # one out is padded by wrapping around to the start of the dataset), so the
-    # main process logs ceil(n / 2) steps per epoch; n steps would mean the
-    # loader was not sharded (each rank ran the full epoch).
-    single_epochs = steps_per_epoch(single)
-    expected = Counter({epoch: math.ceil(n / 2) for epoch, n in single_epochs.items()})
-    assert steps_per_epoch(ranks[0]) == expected, proc.stdout
+def test_two_processes_shard_the_data(case, runs):
+    """Each rank draws its own part of every dataset: together all of the one-process
+    epoch, overlapping at most by the padding of one batch (Accelerate's even_batches)."""
+    single = runs["before"].traces[0]["loaders"]
+    rank0, rank1 = (t["loaders"] for t in runs["two"].traces)
+    assert len(rank0) == len(rank1) == len(single)
+    for alone, mine, theirs in zip(single, rank0, rank1):
+        everything = {i for batch in alone["epochs"][0] for i in batch}
+        first0 = [i for batch in mine["epochs"][0] for i in batch]
+        first1 = [i for batch in theirs["epochs"][0] for i in batch]
+        largest = max(len(batch) for batch in alone["epochs"][0])
+        assert set(first0) | set(first1) == everything, "the ranks together missed samples"
+        assert len(set(first0) & set(first1)) <= largest, "both ranks drew the same samples"
 
-    # Evaluation over the sharded loader still sees every sample exactly once
-    # (gather_for_metrics; 70 samples in batches of 32 leave an uneven last batch).
-    evaluations = eval_lines(rank0_out)
-    assert len(evaluations) == len(eval_lines(single_runs["before"].stdout))
-    for line in (e for e in evaluations if e.startswith("Test set")):
-        seen, total = re.search(r"(\d+) of (\d+)", line).groups()
-        assert seen == total, line
-    # Learning rates after each epoch are the one-process values: the per-batch scheduler
-    # is prepared (stepped once per process), the per-epoch one is not.
-    learning_rates = [e for e in evaluations if e.startswith("after epoch")]
-    assert learning_rates == [e for e in eval_lines(single_runs["before"].stdout) if e.startswith("after epoch")]
+    # The main process logs ceil(n / 2) steps per epoch of n batches (n steps would mean
+    # an unsharded loader).
+    expected = Counter({e: math.ceil(n / 2) for e, n in steps_per_epoch(loss_lines(runs["before"].stdout[0])).items()})
+    assert steps_per_epoch(loss_lines(runs["two"].stdout[0])) == expected
 
-def test_checkpoint_is_the_plain_model_once(tmp_path):
-    """mnist_functions saves `model.state_dict()`: converted, two processes write one checkpoint
-    whose keys are the plain model's (no DDP `module.` prefix), exactly the original's keys."""
-    import torch
 
-    source = (FIXTURES / "mnist_functions" / "before.py").read_text(encoding="utf-8")
-    converted = convert_source(source, "mnist.py").output
-    original_dir, converted_dir = tmp_path / "original", tmp_path / "converted"
-    original_dir.mkdir()
-    converted_dir.mkdir()
-    (original_dir / "mnist.py").write_text(source, encoding="utf-8")
-    (converted_dir / "mnist.py").write_text(converted, encoding="utf-8")
-    assert_ok(run_single_process(original_dir / "mnist.py", script_env()))
-    proc, _ = run_two_cpu_processes(converted_dir / "mnist.py", script_env())
-    assert_ok(proc)
-    original = torch.load(original_dir / "mnist_cnn.pt")
-    saved = torch.load(converted_dir / "mnist_cnn.pt")
-    assert list(saved) == list(original)
-    assert all(saved[k].shape == original[k].shape for k in original)
+def test_two_processes_log_once_with_global_results(case, runs):
+    out0, out1 = runs["two"].stdout
+    assert loss_lines(out0), f"the main process printed no loss lines:\n{out0}"
+    # accelerator.print / the main-process check: rank 1 prints nothing at all.
+    assert out1 == "", f"rank 1 printed:\n{out1}"
+    # Evaluation counts every sample once over both processes (gather_for_metrics, an
+    # uneven last batch included), and learning rates after each epoch are the
+    # one-process ones (a per-batch scheduler is prepared, a per-epoch one is not).
+    evaluations, alone = eval_lines(out0, case.expect), eval_lines(runs["before"].stdout[0], case.expect)
+    assert len(evaluations) == len(alone)
+    for line, single in zip(evaluations, alone):
+        if line.startswith(case.expect.invariant):
+            assert line == single
+        else:
+            seen, total = re.search(r"(\d+) of (\d+)", line).groups()
+            assert seen == total, line
+
+
+def test_two_processes_end_with_the_learning_rates_of_one(case, runs):
+    single = [o["lr"] for o in runs["before"].traces[0]["optimizers"]]
+    for trace in runs["two"].traces:
+        assert [o["lr"] for o in trace["optimizers"]] == single
+
+
+def test_two_processes_save_once_with_plain_keys(case, runs):
+    original = {s["file"]: s for s in runs["before"].traces[0]["saves"]}
+    saves = [s for trace in runs["two"].traces for s in trace["saves"]]
+    assert sorted(s["file"] for s in saves) == sorted(original), "a checkpoint was written by both ranks, or not at all"
+    final = runs["two"].traces[0]["optimizers"]
+    for save in saves:
+        assert save.get("keys") == original[save["file"]].get("keys")
+        assert not any(k.startswith("module.") for k in save.get("keys", ()))
+        # A save of the trained weights (in one process, exactly the final parameters) holds
+        # the weights the two processes trained, not a copy of some rank's own.
+        alone = runs["before"].traces[0]["optimizers"]
+        if any(original[save["file"]].get("checksum") == o["checksum"] for o in alone):
+            assert any(save["checksum"] == o["checksum"] for o in final)
