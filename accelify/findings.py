@@ -18,8 +18,10 @@ FINDINGS: dict[str, str] = {
     "ACC107": "Optimizers built in more than one function, or in a method other than `__init__`: file left unchanged.",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
     "left as it is.",
-    "ACC109": "A placement or `.module` in code that cannot reach the Accelerator: left as it is.",
-    "ACC110": "Gradient clipping in code that cannot reach the Accelerator: left as it is.",
+    "ACC109": "A placement in code that cannot reach the Accelerator: left as it is; a `.module` of a model whose "
+    "DataParallel wrapper is removed: file left unchanged.",
+    "ACC110": "Gradient clipping in code that cannot reach the Accelerator: file left unchanged (it would clip "
+    "still-scaled gradients under mixed precision).",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
     "`accelerator.save_state`/`load_state` save every prepared object.",
     "ACC112": "Mixed precision that cannot be mapped (switched by different `enabled=` flags or in some places only, "
@@ -43,4 +45,6 @@ FINDINGS: dict[str, str] = {
     "(`accelerator.unwrap_model(model)`).",
     "ACC121": "No DataLoader and no device in the script: `prepare` would move the model to the accelerator and "
     "leave hand-made data on the CPU; file left unchanged.",
+    "ACC122": "A scheduler stepped both once per batch and outside the batch loop: no `prepare` choice keeps its "
+    "learning rates those of one process; file left unchanged.",
 }

@@ -338,7 +338,8 @@ class _Analyzer(cst.CSTVisitor):
         if not plan.devices and plan.cpu_flag is None:
             self._placement_flag()
         self._helpers()
-        self._schedulers(module, in_owner, set(optimizers))
+        if not self._schedulers(module, in_owner, set(optimizers)):
+            return
         plan.has_prepare = self._has_prepare(module)
         if not plan.has_prepare and not self._prepare_point_ok(module):
             return
@@ -430,10 +431,13 @@ class _Analyzer(cst.CSTVisitor):
             if not any(kinds):
                 continue
             name = ref[1]
-            if len(assigns) >= 2 and self._if_else_device(name, assigns):
-                continue
+            why = "is assigned more than once"
+            if len(assigns) >= 2:
+                why = self._if_else_device(name, assigns) or ""
+                if not why:
+                    continue
             if len(assigns) != 1 or len(kinds) != 1 or kinds[0] is None:
-                self.finding(assigns[0], "ACC103", f"`{name}` is assigned more than once; file not converted.",
+                self.finding(assigns[0], "ACC103", f"`{name}` {why}; file not converted.",
                              "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.")
                 return False
             kind, value = kinds[0], assigns[0].value
@@ -456,15 +460,16 @@ class _Analyzer(cst.CSTVisitor):
                 return False
         return True
 
-    def _if_else_device(self, name: str, assigns: list[cst.Assign]) -> bool:
+    def _if_else_device(self, name: str, assigns: list[cst.Assign]) -> Optional[str]:
         """``if use_accel: device = <accelerator> [elif use_mps: device = <accelerator>] else: device = "cpu"``.
 
         Every branch but the last picks an accelerator and the last the CPU: the tests
-        together are the flag, ``Accelerator(cpu=not (a or b))``.
+        together are the flag, ``Accelerator(cpu=not (a or b))``. None when it is that shape,
+        else why not (for the finding).
         """
         top = self._enclosing_if(assigns[0])
         if not isinstance(top, cst.If):
-            return False
+            return "is assigned more than once"
         tests: list[cst.BaseExpression] = []
         branches: list[cst.BaseSuite] = []
         node: cst.CSTNode = top
@@ -473,17 +478,18 @@ class _Analyzer(cst.CSTVisitor):
             branches.append(node.body)
             node = node.orelse  # type: ignore[assignment]
         if not isinstance(node, cst.Else):
-            return False
+            return "is chosen by an if/elif chain with no `else:` (no CPU fallback)"
         branches.append(node.body)
+        busy = f"is chosen by an if/elif chain whose branches do more than set `{name}`"
         if len(assigns) != len(branches) or not all(isinstance(b, cst.IndentedBlock) and len(b.body) == 1 for b in branches):
-            return False
+            return busy
         lines = [b.body[0] for b in branches]  # type: ignore[attr-defined]
         for line, assign in zip(lines, assigns):
             if not isinstance(line, cst.SimpleStatementLine) or line.body[0] is not assign:
-                return False
+                return busy
         kinds = [k.kind if (k := classify_device(self, a.value)) else None for a in assigns]
         if kinds != ["auto"] * (len(assigns) - 1) + ["cpu"]:
-            return False
+            return "is chosen by an if/elif chain that is not accelerators first and the CPU last"
         self.plan.devices.add(name)
         flags = [t for t in tests if not is_availability_check(self, t)]
         if len(flags) == len(tests):
@@ -495,8 +501,9 @@ class _Analyzer(cst.CSTVisitor):
                     for t in tests
                 ) + ")"
         elif flags:
-            return False  # an availability check beside a flag: not one Accelerator argument
-        return True
+            return ("is chosen by an if/elif chain that mixes a flag with an availability check: no single "
+                    "`Accelerator(cpu=...)` says the same")
+        return None
 
     def _enclosing_if(self, assign: cst.Assign) -> Optional[cst.CSTNode]:
         node: Optional[cst.CSTNode] = assign
@@ -944,7 +951,7 @@ class _Analyzer(cst.CSTVisitor):
         return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) is not None for call, _ in sites)
 
     # ------------------------------------------------------------------ schedulers and prepare
-    def _schedulers(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> None:
+    def _schedulers(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> bool:
         plan = self.plan
         found = []
         for ref, assigns in in_owner.items():
@@ -953,10 +960,22 @@ class _Analyzer(cst.CSTVisitor):
                     if self._is_scheduler(a.value, optimizers):
                         found.append((ref, a))
         for ref, assign in sorted(found, key=lambda x: self._line(x[1])):
-            if self._stepped_per_batch(ref):
+            stepping = self._stepping(ref)
+            if stepping == "mixed":
+                self.finding(
+                    assign, "ACC122",
+                    f"`{ref[1]}` is stepped both once per batch and outside the loop over the dataloader: prepared, "
+                    "its per-epoch steps would count once per process; not prepared, its per-batch steps would "
+                    "count the shard's batches only. Its learning rates would differ from one process; file not "
+                    "converted.",
+                    "step the scheduler in one place (per batch, or per epoch), or use two schedulers.",
+                )
+                return False
+            if stepping == "batch":
                 plan.schedulers.append(ref[1])
                 self._scheduler_calls.append(assign.value)  # type: ignore[arg-type]
         self._early_lengths(module, found)
+        return True
 
     def _early_lengths(self, module: cst.Module, found: list[tuple[Ref, cst.Assign]]) -> None:
         """ACC113: a per-batch scheduler built after prepare, sized from len(loader) taken before it."""
@@ -988,18 +1007,24 @@ class _Analyzer(cst.CSTVisitor):
 
     def _stepped_per_batch(self, scheduler: Ref) -> bool:
         """Stepped once per optimizer step: every ``.step()`` of it sits in a loop over a dataloader."""
+        return self._stepping(scheduler) == "batch"
+
+    def _stepping(self, scheduler: Ref) -> Optional[str]:
+        """Where the scheduler's ``.step()`` calls sit: "batch" (all in loops over a dataloader),
+        "epoch" (none), "mixed" (some of each), None (never stepped)."""
         steps = [s for s in self.steps if ref_of(self, s.func.value) == scheduler]  # type: ignore[attr-defined]
-        if not steps:
-            return False
-        for step in steps:
-            parent = self.get_metadata(ParentNodeProvider, step, None)
-            while parent is not None:
-                if isinstance(parent, cst.For) and ref_of(self, peel_iterable(self, parent.iter)) in self.plan.flow["loader"]:
-                    break
-                parent = self.get_metadata(ParentNodeProvider, parent, None)
-            if parent is None:
-                return False
-        return True
+        inside = [self._in_loader_loop(step) for step in steps]
+        if not inside:
+            return None
+        return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"
+
+    def _in_loader_loop(self, node: cst.CSTNode) -> bool:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None:
+            if isinstance(parent, cst.For) and ref_of(self, peel_iterable(self, parent.iter)) in self.plan.flow["loader"]:
+                return True
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+        return False
 
     def _prepare_point_ok(self, module: cst.Module) -> bool:
         plan = self.plan

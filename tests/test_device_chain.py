@@ -20,19 +20,24 @@ def test_availability_checks_only_mean_the_automatic_choice() -> None:
 
 
 @pytest.mark.parametrize(
-    "old, new",
+    "old, new, why",
     [
         # a flag beside an availability check: no single `cpu=` says the same
-        ("elif use_mps:", "elif torch.backends.mps.is_available():"),
+        ("elif use_mps:", "elif torch.backends.mps.is_available():", "mixes a flag with an availability check"),
         # the last branch is not the CPU
-        ('    else:\n        device = torch.device("cpu")', '    else:\n        device = torch.device("cuda:1")'),
+        ('    else:\n        device = torch.device("cpu")', '    else:\n        device = torch.device("cuda:1")',
+         "not accelerators first and the CPU last"),
         # a branch does more than choose the device
-        ('        device = torch.device("mps")\n', '        device = torch.device("mps")\n        print("mps")\n'),
+        ('        device = torch.device("mps")\n', '        device = torch.device("mps")\n        print("mps")\n',
+         "do more than set `device`"),
+        # no CPU fallback
+        ('    else:\n        device = torch.device("cpu")\n', "", "no `else:`"),
     ],
 )
-def test_other_chains_are_refused(old: str, new: str) -> None:
+def test_other_chains_are_refused_with_their_reason(old: str, new: str, why: str) -> None:
+    assert old in SOURCE
     source = SOURCE.replace(old, new)
-    assert source != SOURCE
     result = convert(source)
     assert result.output == source
-    assert result.findings and result.findings[0].code in {"ACC102", "ACC103"}
+    assert [f.code for f in result.findings] == ["ACC103"]
+    assert why in result.findings[0].message
