@@ -125,6 +125,8 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
         codemod = codemod_class(pass_context, plan)
         module = wrapper.visit(codemod)
         codemod.finished()
+        if codemod.refused:
+            return Result(path, source, source, findings=sorted(findings + [place(f) for f in codemod.findings]))
         changes.extend(replace(c, line=linemap.to_original(c.line)) for c in codemod.changes)
         findings.extend(place(f) for f in codemod.findings)
         new_code = module.code

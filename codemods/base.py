@@ -65,6 +65,7 @@ class AccelifyCodemod(cst.CSTTransformer):
         self.plan = plan
         self.changes: list[Change] = []
         self.findings: list[RawFinding] = []
+        self.refused = False
         # id -> node: holding the node keeps its id from being reused by a new object.
         self._removed: dict[int, cst.CSTNode] = {}
         self._emptied: dict[int, cst.CSTNode] = {}
@@ -102,6 +103,12 @@ class AccelifyCodemod(cst.CSTTransformer):
     def finding(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
         line, col = self.line_of(node)
         self.findings.append(RawFinding(line, col, code, message, suggestion))
+
+    def refuse(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
+        """A finding that costs the whole conversion: what this pass met cannot be left as it is
+        in a converted file, so the pipeline returns the file unchanged with the findings."""
+        self.finding(node, code, message, suggestion)
+        self.refused = True
 
     def accelerator_at(self, node: cst.CSTNode) -> Optional[str]:
         """How the code at ``node`` spells the Accelerator, or None where it cannot reach one."""

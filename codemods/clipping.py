@@ -57,8 +57,9 @@ class Clipping(AccelifyCodemod):
             return updated_node
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
-            self.finding(
-                original_node, "ACC110", "gradient clipping left as it is: this code cannot reach the Accelerator.",
+            self.refuse(
+                original_node, "ACC110", "gradient clipping that cannot reach the Accelerator: left as it is, it "
+                "would clip still-scaled gradients under mixed precision; file not converted.",
                 "pass the accelerator here and call `accelerator.clip_grad_norm_(...)`.",
             )
             return updated_node

@@ -110,9 +110,10 @@ class DataParallel(AccelifyCodemod):
             return updated_node
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
-            self.finding(
-                original_node, "ACC109", "`.module` left as it is: this code cannot reach the Accelerator.",
-                "use `accelerator.unwrap_model(model)` with the script's Accelerator.",
+            self.refuse(
+                original_node, "ACC109", "`.module` of a model whose DataParallel wrapper is removed, in code that "
+                "cannot reach the Accelerator: left as it is, it would fail on the plain model; file not converted.",
+                "pass the accelerator to this function and use `accelerator.unwrap_model(model)`.",
             )
             return updated_node
         model = cst.Module(body=[]).code_for_node(updated_node.value)
