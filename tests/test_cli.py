@@ -156,8 +156,10 @@ def test_encoding_and_bom_are_kept(project: Path) -> None:
 def test_file_mode_is_kept(project: Path) -> None:
     target = project / "train.py"
     target.chmod(0o755)
-    run("convert", "--in-place", "train.py", cwd=project)
-    assert target.stat().st_mode & 0o777 == 0o755
+    proc = run("convert", "--in-place", "train.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert target.read_text() == CONVERTED  # it was rewritten...
+    assert target.stat().st_mode & 0o777 == 0o755  # ...and kept its mode
 
 
 def test_rules_lists_every_code_and_shows_examples(project: Path) -> None:
@@ -262,7 +264,9 @@ def test_select_and_ignore(ambiguous: Path) -> None:
 def test_suppression_comments(ambiguous: Path) -> None:
     (ambiguous / "skip.py").write_text("#!/usr/bin/env python\n# accelify: skip\n" + AMBIGUOUS)
     skipped = run("convert", "skip.py", cwd=ambiguous)
+    assert skipped.returncode == 0, skipped.stderr
     assert skipped.stdout == b"" and b"ACC108" not in skipped.stderr
+    assert skipped.stderr.strip() == b"0 files would be converted, 1 unchanged."
     (ambiguous / "ign.py").write_text(AMBIGUOUS.replace("model.cpu()\n", "model.cpu()  # accelify: ignore[ACC108]\n"))
     ignored = run("convert", "ign.py", cwd=ambiguous)
     assert ignored.stderr.count(b"ACC108") == 1 and b"ign.py:12:16" in ignored.stderr
@@ -275,3 +279,115 @@ def test_rules_lists_findings_too(project: Path) -> None:
     for code in FINDINGS:
         assert f"{code}  finding" in listed
     assert run("rules", "acc104", cwd=project).stdout.decode().startswith("ACC104 (finding):")
+
+
+# ---------------------------------------------------------------- every README claim about the CLI
+
+
+def test_directory_search_skips_tool_folders(project: Path) -> None:
+    import json
+
+    for folder in (".git", ".venv", "venv", "build", "dist", "node_modules", "__pycache__", ".hidden"):
+        (project / folder).mkdir()
+        (project / folder / "train.py").write_text(TRAIN)
+    (project / "src").mkdir()
+    (project / "src" / "train.py").write_text(TRAIN)
+    proc = run("convert", "--format", "json", ".", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    seen = sorted(entry["path"] for entry in json.loads(proc.stdout)["files"])
+    assert seen == ["./plain.py", "./src/train.py", "./train.py"]
+
+
+def test_quiet_prints_no_summary(project: Path) -> None:
+    loud = run("convert", "train.py", cwd=project)
+    assert b"1 file would be converted" in loud.stderr
+    quiet = run("convert", "-q", "train.py", cwd=project)
+    assert quiet.returncode == 0 and quiet.stderr == b""
+    assert quiet.stdout == loud.stdout
+
+
+def test_line_length_shapes_inserted_code(project: Path) -> None:
+    one_line = "train_dataloader, eval_dataloader, model, optimizer = accelerator.prepare(train_dataloader, "
+    default = run("convert", "-o", "-", "train.py", cwd=project).stdout.decode()
+    assert one_line not in default  # 88 columns: the docs' three-line layout
+    wide = run("convert", "--line-length", "160", "-o", "-", "train.py", cwd=project).stdout.decode()
+    assert one_line in wide
+    assert run("convert", "--line-length", "5", "train.py", cwd=project).returncode == 2
+
+
+def _on_a_terminal(*args: str, cwd: Path) -> bytes:
+    """stdout of the CLI when stdout is a terminal (a pseudo-terminal)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "accelify", *args], cwd=cwd, stdout=follower,
+                              stderr=subprocess.PIPE, timeout=120)
+        os.close(follower)
+        follower = -1
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal is closed and drained
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        if follower != -1:
+            os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    return b"".join(chunks)
+
+
+def test_color_on_a_terminal_unless_no_color(project: Path) -> None:
+    coloured = _on_a_terminal("convert", "train.py", cwd=project)
+    assert b"\x1b[" in coloured and b"accelerator.prepare(" in coloured
+    plain = _on_a_terminal("convert", "--no-color", "train.py", cwd=project)
+    assert b"\x1b[" not in plain and b"accelerator.prepare(" in plain
+
+
+def test_no_diff_prints_nothing_but_the_summary(project: Path) -> None:
+    proc = run("convert", "--no-diff", "train.py", cwd=project)
+    assert proc.returncode == 0 and proc.stdout == b""
+    assert b"1 file would be converted" in proc.stderr
+    assert (project / "train.py").read_text() == TRAIN
+
+
+@pytest.mark.parametrize("failure", ["does not parse", "undefined"])
+def test_rewrite_failing_a_safety_check_exits_123_and_writes_nothing(project: Path, monkeypatch, failure: str) -> None:
+    """The pipeline's last checks (the output compiles, reads no name the input did not) refuse a
+    rewrite: the CLI says so, exits 123, writes nothing and still converts the other files."""
+    from typer.testing import CliRunner
+
+    import accelify.pipeline as pipeline
+    from accelify.cli import app
+
+    if failure == "does not parse":
+        monkeypatch.setattr(pipeline, "_still_parses", lambda source, output: "Accelerator" not in output)
+    else:
+        real = pipeline._undefined_names
+        monkeypatch.setattr(pipeline, "_undefined_names",
+                            lambda wrapper: real(wrapper) | ({"ghost"} if "accelerator" in wrapper.module.code else set()))
+    (project / "other.py").write_text(TRAIN)
+    monkeypatch.chdir(project)
+    result = CliRunner().invoke(app, ["convert", "--in-place", "train.py"])
+    assert result.exit_code == 123, result.output
+    assert "internal error" in result.output and failure in result.output
+    assert (project / "train.py").read_text() == TRAIN
+
+
+def test_readme_command_one_converts_the_shipped_example(root: Path) -> None:
+    """README's first command, after its install: the diff of examples/train.py."""
+    readme = (root / "README.md").read_text()
+    command = "pip install . && accelify convert examples/train.py"
+    assert command in readme
+    proc = run(*command.split(" && ")[1].split()[1:], cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    assert out.startswith("--- a/examples/train.py\n+++ b/examples/train.py\n")
+    assert "+from accelerate import Accelerator\n" in out and "+accelerator = Accelerator()" in out
+    assert "accelerator.prepare(" in out and "+        accelerator.backward(loss)\n" in out
+    assert b"1 file would be converted" in proc.stderr

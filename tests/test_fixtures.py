@@ -12,10 +12,13 @@ NOOPS = sorted(p.name for p in (FIXTURES / "noop").glob("*.py"))
 
 @pytest.mark.parametrize("name", PAIRS)
 def test_fixture_converts_to_golden(name: str, file_regression) -> None:
-    before = (FIXTURES / name / "before.py").read_text()
+    before = (FIXTURES / name / "before.py").read_bytes().decode()
     result = convert(before, f"{name}.py")
     assert result.changed
-    file_regression.check(result.output, fullpath=FIXTURES / name / "after.py")
+    golden = FIXTURES / name / "after.py"
+    file_regression.check(result.output, fullpath=golden, newline="")
+    # pytest-regressions compares lines: a lost CRLF or final newline would not show there.
+    assert golden.read_bytes() == result.output.encode()
     # findings.txt, when present, lists the finding codes the conversion must report; else none.
     expected = FIXTURES / name / "findings.txt"
     codes = expected.read_text().split() if expected.exists() else []
@@ -24,7 +27,7 @@ def test_fixture_converts_to_golden(name: str, file_regression) -> None:
 
 @pytest.mark.parametrize("name", PAIRS)
 def test_fixture_is_idempotent(name: str) -> None:
-    assert_stable((FIXTURES / name / "after.py").read_text())
+    assert_stable((FIXTURES / name / "after.py").read_bytes().decode())
 
 
 @pytest.mark.parametrize("name", NOOPS)
