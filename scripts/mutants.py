@@ -1,0 +1,198 @@
+"""Plant named bugs in accelify, one at a time, and report which ones the test suite misses.
+
+    python scripts/mutants.py             # every mutant
+    python scripts/mutants.py --list      # names only
+    python scripts/mutants.py NAME ...    # some of them
+
+A habit, not a CI job: run it after changing a codemod or a test. Each mutant is a small,
+plausible bug (the kind a real change could bring) written as an exact text replacement in one
+file. For each: check the text is still there (else the mutant is *stale*: update it), write the
+bug, run the tests that should catch it (``pytest -x``), put the file back, and record *killed*
+(a test failed) or *survived*. The files are restored even on Ctrl-C; the script refuses to run
+on a file with uncommitted changes, so a restore never loses work.
+
+A survivor is a missing test: write the test that kills it, then run the mutant again.
+Exit status: 0 when every mutant was killed.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ["tests/", "--ignore=tests/test_e2e_scripts.py", "--ignore=tests/test_e2e_docs.py"]
+E2E = ["tests/test_e2e_scripts.py"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    why: str  # what a user would get
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...] = tuple(FAST)
+
+
+MUTANTS = [
+    # --- conversions that train wrongly with N processes (the end-to-end checks must see them)
+    Mutant(
+        "model-not-prepared", "each rank trains its own copy of the model (no DDP)",
+        "codemods/prepare.py",
+        "        self._names = self.plan.core()\n",
+        "        self._names = [*self.plan.dataloaders, *self.plan.optimizers]\n",
+        tests=tuple(E2E),
+    ),
+    Mutant(
+        "loader-not-prepared", "every rank trains on the whole dataset",
+        "codemods/prepare.py",
+        "        self._names = self.plan.core()\n",
+        "        self._names = [*self.plan.models, *self.plan.optimizers]\n",
+        tests=tuple(E2E),
+    ),
+    Mutant(
+        "backward-not-rewritten", "a plain backward: wrong under fp16, accumulation, DeepSpeed",
+        "codemods/backward.py",
+        '        if not m.matches(original_node.func, m.Attribute(attr=m.Name("backward"))):\n',
+        "        if True:\n",
+        tests=tuple(E2E) + ("-k", "test_converts"),
+    ),
+    Mutant(
+        "print-on-every-rank", "every log line printed once per process",
+        "codemods/main_process.py",
+        '    CODE = "ACC008"\n',
+        '    CODE = "ACC008"\n\n    @classmethod\n    def applies(cls, plan, code):\n        return False\n',
+        tests=tuple(E2E) + ("-k", "log_once"),
+    ),
+    Mutant(
+        "metrics-not-gathered", "each process counts its own shard",
+        "codemods/gather.py",
+        "        gather = find_gather(self, node, self.plan)\n",
+        "        gather = None\n",
+        tests=tuple(E2E) + ("-k", "log_once"),
+    ),
+    Mutant(
+        "save-on-every-rank", "every process writes the checkpoint",
+        "codemods/saving.py",
+        '    CODE = "ACC009"\n',
+        '    CODE = "ACC009"\n\n    @classmethod\n    def applies(cls, plan, code):\n        return False\n',
+        tests=tuple(E2E) + ("-k", "save_once"),
+    ),
+    # --- the audit's survivors (issue 14)
+    Mutant(
+        "nested-batch-placement", "`model(chunk.to(device))` kept in a loop nested over a batch",
+        "codemods/placement.py",
+        "        elif self._is_derived(node.iter, self._current_derived()):\n",
+        "        elif False:\n",
+    ),
+    Mutant(
+        "list-metrics-not-gathered", "append/extend/add_batch/update no longer seen as metrics",
+        "codemods/gather.py",
+        '_METRIC_CALLS = m.Expr(m.Call(func=m.Attribute(attr=m.Name("append") | m.Name("extend") | m.Name("add_batch")\n'
+        '                                               | m.Name("update"))))\n',
+        '_METRIC_CALLS = m.Expr(m.Call(func=m.Attribute(attr=m.Name("__no_metric__"))))\n',
+    ),
+    Mutant(
+        "mixed-scheduler-per-batch", "a scheduler stepped per batch and per epoch is prepared",
+        "accelify/plan.py",
+        '        return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"\n',
+        '        return "batch" if any(inside) else "epoch"\n',
+    ),
+    # --- README claims about the CLI
+    Mutant(
+        "cli-quiet-ignored", "-q still prints the summary",
+        "accelify/cli.py", "    if not quiet:\n        err.print(summary", "    if True:\n        err.print(summary",
+        tests=("tests/test_cli.py",),
+    ),
+    Mutant(
+        "cli-line-length-ignored", "--line-length has no effect",
+        "accelify/cli.py", "Options(line_length=line_length,", "Options(line_length=88,",
+        tests=("tests/test_cli.py",),
+    ),
+    Mutant(
+        "cli-no-color-ignored", "--no-color still colours the diff on a terminal",
+        "accelify/cli.py",
+        "    use_color = color if color is not None else sys.stdout.isatty()\n",
+        "    use_color = color or sys.stdout.isatty()\n",
+        tests=("tests/test_cli.py",),
+    ),
+    Mutant(
+        "cli-no-diff-ignored", "--no-diff still prints the diff",
+        "accelify/cli.py",
+        "    show_diff = diff if diff is not None else not quiet_default\n",
+        "    show_diff = not quiet_default\n",
+        tests=("tests/test_cli.py",),
+    ),
+    Mutant(
+        "cli-walks-tool-folders", "a directory run converts files under .git, venvs and build folders",
+        "accelify/io.py",
+        '            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))\n',
+        "            dirs[:] = sorted(dirs)\n",
+        tests=("tests/test_cli.py",),
+    ),
+    Mutant(
+        "safety-check-ignored", "a rewrite that does not compile is written (no exit 123)",
+        "accelify/pipeline.py",
+        "    if output != source and not _still_parses(source, output):\n",
+        "    if False:\n",
+        tests=("tests/test_cli.py",),
+    ),
+]
+
+
+def dirty(path: str) -> bool:
+    return bool(subprocess.run(["git", "status", "--porcelain", "--", path], cwd=REPO, capture_output=True,
+                               text=True).stdout.strip())
+
+
+def run(mutant: Mutant) -> tuple[str, str]:
+    target = REPO / mutant.path
+    original = target.read_text(encoding="utf-8")
+    count = original.count(mutant.old)
+    if count != 1:
+        return "stale", f"the text to replace occurs {count} times in {mutant.path}"
+    if dirty(mutant.path):
+        return "refused", f"{mutant.path} has uncommitted changes"
+    try:
+        target.write_text(original.replace(mutant.old, mutant.new), encoding="utf-8")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+                              cwd=REPO, capture_output=True, text=True)
+    finally:
+        target.write_text(original, encoding="utf-8")
+    if proc.returncode == 0:
+        return "survived", ""
+    failed = [line.split(" - ")[0] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return "killed", (failed[0] if failed else proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for mutant in MUTANTS:
+            print(f"{mutant.name:28} {mutant.why}")
+        return 0
+    unknown = set(args.names) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"unknown mutants: {', '.join(sorted(unknown))}")
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    results = []
+    for mutant in chosen:
+        start = time.monotonic()
+        status, detail = run(mutant)
+        results.append(status)
+        print(f"{status:9} {mutant.name:28} {time.monotonic() - start:6.1f}s  {detail}", flush=True)
+    killed = results.count("killed")
+    print(f"\n{killed}/{len(results)} killed" + "".join(
+        f", {results.count(s)} {s}" for s in ("survived", "stale", "refused") if results.count(s)))
+    return 0 if killed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
