@@ -232,13 +232,17 @@ def simple_assign(stmt: cst.BaseStatement) -> Optional[cst.Assign]:
 
 
 def binds(stmt: cst.BaseStatement, names: set[str]) -> bool:
-    """Does ``stmt`` (or a statement nested in it, same scope) assign one of ``names``?"""
+    """Does ``stmt`` (or a statement nested in it, same scope) assign one of ``names``, or an
+    attribute of one (``args.cuda = ...`` changes what ``args.cuda`` reads after it)?"""
     for inner, _ in iter_statements(cst.IndentedBlock(body=[stmt])):
         assign = simple_assign(inner)
         if assign is None:
             continue
         for target in assign.targets:
             if set(assigned_names(target.target)) & names:
+                return True
+            root = root_name(target.target) if isinstance(target.target, cst.Attribute) else None
+            if root is not None and root.value in names:
                 return True
     return False
 

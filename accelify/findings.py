@@ -29,7 +29,8 @@ FINDINGS: dict[str, str] = {
     "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
     "reported, it would decay N times too slowly with N processes.",
     "ACC114": "Evaluation metrics over a prepared dataloader that accelify cannot gather (code that cannot reach "
-    "the Accelerator, labels it cannot follow): each process would count its own shard only.",
+    "the Accelerator, labels it cannot follow, parts of an output object or batch dict): each process would count "
+    "its own shard only; file left unchanged.",
     "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
     "would hang; reported.",
@@ -47,4 +48,10 @@ FINDINGS: dict[str, str] = {
     "leave hand-made data on the CPU; file left unchanged.",
     "ACC122": "A scheduler stepped both once per batch and outside the batch loop: no `prepare` choice keeps its "
     "learning rates those of one process; file left unchanged.",
+    "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (returned by a helper, built "
+    "elsewhere): every process would train on all of it; file left unchanged.",
+    "ACC124": "The training data is no DataLoader (hand-sliced tensors, `get_batch()`): converted, but not "
+    "sharded, every process trains on all of it; reported.",
+    "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
+    "from a factory): file left unchanged.",
 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -39,11 +39,13 @@ from accelify.analysis import (
     is_availability_check,
     key_at,
     locate_setup,
+    binds,
     loop_over,
     peel_iterable,
     qualified_names,
     read_names,
     ref_of,
+    root_name,
     assigned_names,
     scope_key,
     scope_root,
@@ -235,8 +237,9 @@ class _Analyzer(cst.CSTVisitor):
         found = [
             c.func.value  # type: ignore[union-attr]
             for arg in call.args
+            for value in (arg.value, *self._bound_values(arg.value))
             for c in m.findall(
-                arg.value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
+                value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
             )
         ]
         is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
@@ -244,6 +247,34 @@ class _Analyzer(cst.CSTVisitor):
         if (is_torch_optim or looks_like_optim) and found:
             return found
         return [] if is_torch_optim else None
+
+    def _unbound(self, expr: cst.BaseExpression) -> bool:
+        root = root_name(expr)
+        scope = self.get_metadata(ScopeProvider, root, None) if root is not None else None
+        return root is not None and root.value != "self" and scope is not None and not scope[root.value]
+
+    def _model_ref(self, expr: cst.BaseExpression) -> Optional[Ref]:
+        """The model an optimizer trains: ``model`` for ``model.fc.parameters()`` too."""
+        while True:
+            ref = ref_of(self, expr)
+            if ref is not None or not isinstance(expr, cst.Attribute):
+                return ref
+            expr = expr.value
+
+    def _bound_values(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """The values a plain name is assigned in its scope (``params = [...]`` for ``Adam(params)``)."""
+        if not isinstance(expr, cst.Name):
+            return []
+        scope = self.get_metadata(ScopeProvider, expr, None)
+        values = []
+        for assignment in scope[expr.value] if scope is not None else ():
+            node = getattr(assignment, "node", None)
+            parent = self.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+            if isinstance(parent, cst.AssignTarget):
+                assign = self.get_metadata(ParentNodeProvider, parent, None)
+                if isinstance(assign, cst.Assign):
+                    values.append(assign.value)
+        return values
 
     def _is_scheduler(self, call: cst.Call, optimizers: set[Ref]) -> bool:
         names = qualified_names(self, call.func)
@@ -277,6 +308,7 @@ class _Analyzer(cst.CSTVisitor):
                     if models is not None:
                         optimizers[ref] = (assign, models)
         if not optimizers:
+            self._untrained_backward()
             return
         owners = {ref[0] for ref in optimizers}
         setups = {self.assign_key[id(a)] for a, _ in optimizers.values()}
@@ -298,10 +330,24 @@ class _Analyzer(cst.CSTVisitor):
 
         in_owner = {ref: assigns for ref, assigns in self.assigns.items() if ref[0] == plan.owner}
         plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: self._line(optimizers[r][0]))]
-        for _, models in sorted(optimizers.values(), key=lambda v: self._line(v[0])):
+        for assign, models in sorted(optimizers.values(), key=lambda v: self._line(v[0])):
             for model in models:
-                ref = ref_of(self, model)
-                if ref is not None and ref[0] == plan.owner and ref[1] not in plan.models:
+                ref = self._model_ref(model)
+                if ref is None and self._unbound(model):
+                    continue  # a fragment (a docstring example) or a star import: nothing to prepare
+                if ref is None or ref[0] != plan.owner:
+                    where = f"`{ref[0]}`" if ref is not None else "another scope"
+                    what = (f"the optimizer is built inside the model's own class (`{plan.setup}` trains `self`)"
+                            if code_of(model) == "self" else
+                            f"the optimizer (built in `{plan.setup}`) trains `{code_of(model)}`, which lives in {where}")
+                    self.finding(
+                        assign, "ACC107",
+                        f"{what}: one `accelerator.prepare(...)` cannot take both, and an unprepared model would "
+                        "train separately on every process. File not converted.",
+                        "build the model and its optimizer in the same function (or both in `__init__`).",
+                    )
+                    return
+                if ref[1] not in plan.models:
                     plan.models.append(ref[1])
         loaders = [
             (ref, a) for ref, assigns in in_owner.items() for a in assigns
@@ -352,11 +398,30 @@ class _Analyzer(cst.CSTVisitor):
                 "pass the accelerator to this function and call `accelerator.backward(loss)`.",
             )
             return
+        if not self._training_data():
+            return
         self._wrapped = self._optimizer_wrappers(in_owner, optimizers)
         self._mixed_precision(module, in_owner)
         self._accumulation(module)
         self._multi_process_hazards()
         plan.convertible = True
+
+    def _untrained_backward(self) -> None:
+        """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
+        is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
+        backwards = [c for c in self.backwards
+                     if not qualified_names(self, c.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
+                     and code_of(c.func.value) not in ("accelerator", "self.accelerator")]  # type: ignore[attr-defined]
+        if not backwards or self.plan.has_accelerator or m.findall(self._module, m.Name("Accelerator")):
+            return
+        self.finding(
+            backwards[0], "ACC125",
+            "this file runs a backward pass, but builds no optimizer accelify recognises (a `torch.optim` class, or "
+            "an optimizer over `model.parameters()`): the parameters are updated by hand, or by an optimizer "
+            "made elsewhere. File not converted.",
+            "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
+            "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
+        )
 
     def _placement_flag(self) -> None:
         """``if args.cuda: model = model.cuda()``: the flag still decides, as ``Accelerator(cpu=not args.cuda)``.
@@ -915,6 +980,25 @@ class _Analyzer(cst.CSTVisitor):
             elif top == key and self._can_take_accelerator(key):
                 plan.needs_accelerator.add(key)
                 plan.accelerator_params.add(key)
+        # A helper that hands its own device parameter to one that now takes the accelerator
+        # there must take the accelerator too: `train(..., device)` calling `train_epoch(..., device)`.
+        changed = True
+        while changed:
+            changed = False
+            for name in sorted(plan.needs_accelerator - plan.accelerator_params):
+                func = self.functions.get(name)
+                if func is None:
+                    continue
+                for call, bound in self._call_sites(name, func):
+                    caller = key_at(self, call)
+                    if caller is None or caller in plan.needs_accelerator or plan.accelerator_in(caller) is not None:
+                        continue
+                    passed = [bound.get(p) for p in plan.device_params.get(name, [])]
+                    if caller in plan.device_params and any(
+                        isinstance(arg, cst.Name) and arg.value in plan.device_params[caller] for arg in passed
+                    ):
+                        plan.needs_accelerator.add(caller)
+                        changed = True
 
     def _backward_out_of_reach(self) -> Optional[cst.Call]:
         """A tensor ``.backward()`` that cannot go through the Accelerator.
@@ -949,6 +1033,102 @@ class _Analyzer(cst.CSTVisitor):
             return False
         sites = self._call_sites(name, func)
         return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) is not None for call, _ in sites)
+
+    # ------------------------------------------------------------------ the data a backward trains on
+    def _training_data(self) -> bool:
+        """Every loop around a backward should draw from a prepared dataloader.
+
+        A DataLoader accelify does not prepare (returned by a helper, built elsewhere) would feed
+        every process the whole dataset while the model trains as one: ACC123, file unchanged.
+        Data that is no DataLoader (hand-sliced tensors, ``get_batch()``) cannot be prepared: the
+        conversion goes on and ACC124 says that every process trains on all of it.
+        """
+        reported = False
+        for call in self.backwards:
+            loops = []
+            node = self.get_metadata(ParentNodeProvider, call, None)
+            while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+                if isinstance(node, cst.For):
+                    loops.append(node)
+                node = self.get_metadata(ParentNodeProvider, node, None)
+            if not loops or any(self._prepared_data(loop.iter, 0) for loop in loops):
+                continue
+            for loop in loops:
+                if self._loader_like(loop.iter, set()):
+                    what = code_of(peel_iterable(self, loop.iter))
+                    self.finding(
+                        loop, "ACC123",
+                        f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare (it is not "
+                        "built where the model and optimizer are): every process would train on all of it. "
+                        "File not converted.",
+                        "build the DataLoader beside the model and optimizer, or pass it through the same "
+                        "`accelerator.prepare(...)` call.",
+                    )
+                    return False
+            if not reported:
+                reported = True
+                self.finding(
+                    loops[0], "ACC124",
+                    f"the training data (`{code_of(peel_iterable(self, loops[0].iter))}`) does not come from a "
+                    "DataLoader: it is not sharded, every process trains on all of it (correct, but no faster).",
+                    "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, or "
+                    "slice it per process with `accelerator.split_between_processes`.",
+                )
+        return True
+
+    def _prepared_data(self, expr: cst.BaseExpression, depth: int) -> bool:
+        """Does ``expr`` draw from a prepared dataloader, directly or through names bound to
+        wrappers of one (``epoch_iterator = tqdm(train_dataloader)``)?"""
+        expr = peel_iterable(self, expr)
+        if ref_of(self, expr) in self.plan.flow["loader"]:
+            return True
+        if isinstance(expr, cst.Call) and depth < 4:
+            return any(self._prepared_data(arg.value, depth + 1) for arg in expr.args[:1])
+        return depth < 4 and any(self._prepared_data(v, depth + 1) for v in self._bound_values(expr))
+
+    def _loader_like(self, expr: cst.BaseExpression, seen: set[int]) -> bool:
+        """Could ``expr`` hold a DataLoader: one built by the constructor, or returned by a function of
+        this file that builds one, followed through assignments and helper parameters."""
+        expr = peel_iterable(self, expr)
+        if isinstance(expr, cst.Call):
+            if has_qname(self, expr.func, DATALOADERS):
+                return True
+            func = self.functions.get(expr.func.value) if isinstance(expr.func, cst.Name) else None
+            return func is not None and any(has_qname(self, c.func, DATALOADERS) for c in m.findall(func, m.Call()))
+        if isinstance(expr, cst.Attribute):
+            ref = ref_of(self, expr)
+            return any(self._loader_like(a.value, seen) for a in self.assigns.get(ref, [])) if ref else False
+        if not isinstance(expr, cst.Name) or id(expr) in seen:
+            return False
+        seen.add(id(expr))
+        scope = self.get_metadata(ScopeProvider, expr, None)
+        if scope is None:
+            return False
+        for assignment in scope[expr.value]:
+            node = getattr(assignment, "node", None)
+            if isinstance(node, cst.Param):
+                func = self.get_metadata(ParentNodeProvider, node, None)
+                while func is not None and not isinstance(func, cst.FunctionDef):
+                    func = self.get_metadata(ParentNodeProvider, func, None)
+                sites = self._call_sites(func.name.value, func) if func is not None and self.functions.get(
+                    func.name.value) is func else []
+                if sites:  # a module-level helper: what its calls pass
+                    if any((arg := bound.get(node.name.value)) is not None and self._loader_like(arg, seen)
+                           for _, bound in sites):
+                        return True
+                    continue
+                annotation = node.annotation.annotation if node.annotation is not None else None
+                if "loader" in node.name.value.lower() or (
+                    annotation is not None and has_qname(self, annotation, DATALOADERS)
+                ):
+                    return True  # a method's `data_loader`, `loader: DataLoader`: said by the code itself
+                continue
+            parent = self.get_metadata(ParentNodeProvider, node, None) if node is not None else None
+            while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List, cst.AssignTarget)):
+                parent = self.get_metadata(ParentNodeProvider, parent, None)
+            if isinstance(parent, cst.Assign) and self._loader_like(parent.value, seen):
+                return True
+        return False
 
     # ------------------------------------------------------------------ schedulers and prepare
     def _schedulers(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> bool:
@@ -1040,14 +1220,37 @@ class _Analyzer(cst.CSTVisitor):
             )
             return False
         block, index = located
-        loop = loop_over(self, block.body[:index], plan.flow["loader"])
-        if loop is not None:
-            self.finding(
-                loop, "ACC104", "a dataloader is iterated before the last training object is built; file not converted.",
-                f"build the dataloaders, model and optimizer first, then call `{listed} = "
-                f"{plan.accelerator}.prepare({listed})` before the first loop.",
-            )
-            return False
+        for name in names:
+            if not _bound_on_all_paths(block.body[:index], name):
+                self.finding(
+                    next((st for st in block.body[:index] if binds(st, {name})), block.body[index - 1]), "ACC104",
+                    f"`{name}` is bound only under a condition: `prepare` after it would read a name that may not "
+                    "exist; file not converted.",
+                    f"bind `{name}` on every path (`{name} = None` in the other branch is not enough: `prepare` "
+                    "needs the object), or call `prepare` inside the condition by hand.",
+                )
+                return False
+        # Training (a backward, or a call of a helper that runs one) before the last binding would
+        # run on unprepared objects: a model bound again after training (a reload of the best
+        # checkpoint) puts `prepare` after the loop. Peeking at a batch does not train.
+        trainers = {name for name, func in self.functions.items() if m.findall(func, _BACKWARD)}
+        last = block.body[index - 1]
+        for stmt in block.body[: index - 1]:
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                continue  # a definition runs nothing until it is called
+            if m.findall(stmt, _BACKWARD) or any(
+                isinstance(c.func, cst.Name) and c.func.value in trainers for c in m.findall(stmt, m.Call())  # type: ignore[attr-defined]
+            ):
+                rebound = [n for n in names if binds(last, {n})]
+                self.finding(
+                    stmt, "ACC104",
+                    f"training runs here, before the last binding of `{', '.join(rebound)}` (line "
+                    f"{self._line(last)}): `prepare` must come after that binding, so it would come after "
+                    "training; file not converted.",
+                    f"give the object bound again a name of its own (`best_model = ...`), so that `{listed} = "
+                    f"{plan.accelerator}.prepare({listed})` can come before the training loop.",
+                )
+                return False
         return True
 
     def _has_prepare(self, module: cst.Module) -> bool:
@@ -1080,6 +1283,28 @@ _MODULE_API = frozenset({
     "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
     "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
 })
+
+
+_BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
+
+
+def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
+    """Is ``name`` bound whatever path runs through ``stmts`` (both branches of an if/else, the
+    body of a ``with`` or ``try``)?"""
+    for stmt in stmts:
+        if isinstance(stmt, cst.SimpleStatementLine) and binds(stmt, {name}):
+            return True
+        if isinstance(stmt, cst.If) and stmt.orelse is not None:
+            branches = [stmt.body, stmt.orelse.body if isinstance(stmt.orelse, cst.Else) else None]
+            orelse = stmt.orelse
+            if isinstance(orelse, cst.If):  # elif: the rest of the chain is one statement
+                branches[1] = cst.IndentedBlock(body=[orelse])
+            if all(isinstance(b, cst.IndentedBlock) and _bound_on_all_paths(b.body, name) for b in branches):
+                return True
+        if isinstance(stmt, (cst.With, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
+            if _bound_on_all_paths(stmt.body.body, name):
+                return True
+    return False
 
 
 def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:

@@ -17,6 +17,10 @@ _METRIC_CALLS = m.Expr(m.Call(func=m.Attribute(attr=m.Name("append") | m.Name("e
                                                | m.Name("update"))))
 
 
+# Attributes of a tensor, not parts of an output object.
+_TENSOR_ATTRIBUTES = frozenset({"shape", "data", "T", "dtype", "device", "ndim", "real", "imag"})
+
+
 @dataclass
 class Gather:
     """Where to gather (after ``statement``, in ``block``) and which names."""
@@ -74,6 +78,20 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         names: list[str] = [output, *sorted(batch & needed, key=_first_use(later, batch))]
         if (derived & needed) - set(names):
             return "the metrics read a value derived from the batch that accelify cannot gather with the outputs"
+        # Only tensors are gathered: not a whole output object (`outputs.logits`: a dataclass or a
+        # namespace crashes the gather) nor a whole batch (`batch["labels"]`: the inputs too).
+        for name in names:
+            for s in later:
+                called = {id(c.func) for c in m.findall(s, m.Call())}  # type: ignore[attr-defined]
+                parts = [
+                    *(a for a in m.findall(s, m.Attribute(value=m.Name(name)))
+                      if id(a) not in called and a.attr.value not in _TENSOR_ATTRIBUTES),  # type: ignore[attr-defined]
+                    *m.findall(s, m.Subscript(value=m.Name(name), slice=[m.SubscriptElement(m.Index(m.SimpleString()))])),
+                ]
+                if parts:
+                    return (f"they read a part of `{name}` (`{cst.Module(body=[]).code_for_node(parts[0])}`), and "
+                            "gathering the whole object would send every input and can fail on a non-tensor "
+                            "output; gather the tensors the metric reads right before it")
         return Gather(block, stmt, names)
     return None
 
@@ -161,15 +179,17 @@ class GatherForMetrics(AccelifyCodemod):
             return
         accelerator = self.accelerator_at(node)
         if isinstance(gather, str):
-            self.finding(
-                node, "ACC114", f"evaluation metrics over a prepared dataloader count one process's shard only: {gather}.",
+            self.refuse(
+                node, "ACC114", f"evaluation metrics over a prepared dataloader would count one process's shard "
+                f"only: {gather}. File not converted.",
                 "gather the model outputs and the labels together: "
                 "`outputs, labels = accelerator.gather_for_metrics((outputs, labels))`.",
             )
             return
         if accelerator is None:
-            self.finding(
-                node, "ACC114", "evaluation metrics over a prepared dataloader count one process's shard only.",
+            self.refuse(
+                node, "ACC114", "evaluation metrics over a prepared dataloader would count one process's shard "
+                "only, and this code cannot reach the Accelerator. File not converted.",
                 "pass the accelerator here and gather outputs and labels with `accelerator.gather_for_metrics(...)`.",
             )
             return

@@ -118,6 +118,10 @@ class RemovePlacement(AccelifyCodemod):
             return self._is_derived(expr.for_in.iter, derived)
         if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value in ("tuple", "list", "dict"):
             return len(expr.args) == 1 and self._is_derived(expr.args[0].value, derived)
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value in ("zip", "enumerate"):
+            # zip(x.split(4), y.split(4)): pieces of the batch; enumerate's start is a number
+            data = [a for a in expr.args if a.keyword is None][: None if expr.func.value == "zip" else 1]
+            return bool(data) and all(a.star == "" and self._is_derived(a.value, derived) for a in data)
         root = root_name(expr)
         return root is not None and root.value in derived
 

@@ -60,6 +60,11 @@ class Seeding(AccelifyCodemod):
         self._quiet_imports = all(
             (module or "").split(".")[0] in _NO_GLOBAL_RNG for module in _imported_modules(node)
         )
+        # The script's own `set_seed` (a helper, another library's) would shadow the import.
+        self._name_taken = any(
+            "accelerate.utils.set_seed" not in qualified_names(self, name)
+            for name in m.findall(node, m.Name("set_seed"))
+        )
 
     def _seed(self, stmt: cst.BaseStatement) -> Optional[tuple[str, str]]:
         """(which seed function, the seed's code) for a seeding statement."""
@@ -72,7 +77,7 @@ class Seeding(AccelifyCodemod):
         return names.pop(), cst.Module(body=[]).code_for_node(call.args[0].value)
 
     def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        if not any(self._seed(stmt) is not None for stmt in original.body):
+        if self._name_taken or not any(self._seed(stmt) is not None for stmt in original.body):
             return body
         out: list[cst.BaseStatement] = []
         i = 0

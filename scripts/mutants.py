@@ -64,8 +64,8 @@ MUTANTS = [
     Mutant(
         "print-on-every-rank", "every log line printed once per process",
         "codemods/main_process.py",
-        '    CODE = "ACC008"\n',
-        '    CODE = "ACC008"\n\n    @classmethod\n    def applies(cls, plan, code):\n        return False\n',
+        '        return "print(" in code or "tqdm" in code or "trange" in code\n',
+        "        return False\n",
         tests=tuple(E2E) + ("-k", "log_once"),
     ),
     Mutant(
@@ -78,8 +78,8 @@ MUTANTS = [
     Mutant(
         "save-on-every-rank", "every process writes the checkpoint",
         "codemods/saving.py",
-        '    CODE = "ACC009"\n',
-        '    CODE = "ACC009"\n\n    @classmethod\n    def applies(cls, plan, code):\n        return False\n',
+        '        return "save(" in code\n',
+        "        return False\n",
         tests=tuple(E2E) + ("-k", "save_once"),
     ),
     # --- the audit's survivors (issue 14)

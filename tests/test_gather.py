@@ -37,9 +37,21 @@ def test_labels_accelify_cannot_follow_mean_no_gather_and_a_finding() -> None:
     # outputs with this process's labels (a size mismatch with two processes).
     source = SCRIPT.replace("        x, y = batch\n", "        x, y = unpack(batch[0]), unpack(batch[1])\n")
     result = convert(source)
-    assert "gather_for_metrics" not in result.output
+    assert result.output == source  # metrics per shard would be wrong: the whole file stays as it is
     findings = [f for f in result.findings if f.code == "ACC114"]
     assert findings and "derived from the batch" in findings[0].message
+
+
+def test_parts_of_an_output_object_or_a_batch_dict_are_not_gathered_whole() -> None:
+    # `outputs.logits`: gathering `outputs` would fail on a dataclass or namespace output and send
+    # every input of a batch dict; accelify refuses rather than gathering whole objects.
+    source = SCRIPT.replace("        out = model(x)\n", "        out = model(x)\n        logits = out.logits\n")
+    source = source.replace("mse = criterion(out, y)", "mse = criterion(logits, y)")
+    assert "out.logits" in source
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC114")
+    assert "`out.logits`" in finding.message
 
 
 def test_an_output_taken_through_a_method_of_the_model_call_is_gathered() -> None:
