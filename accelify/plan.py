@@ -303,10 +303,14 @@ class _Analyzer(cst.CSTVisitor):
         optimizers: dict[Ref, tuple[cst.Assign, list[cst.BaseExpression]]] = {}
         for ref, assigns in self.assigns.items():
             for assign in assigns:
-                if isinstance(assign.value, cst.Call) and self._single_target(assign) == ref:
-                    models = self._optimizer_models(assign.value)
-                    if models is not None:
-                        optimizers[ref] = (assign, models)
+                value = assign.value
+                # `Adam(...) if fine_tune else None` is an optimizer too (that can be None)
+                calls = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+                for call in calls:
+                    if isinstance(call, cst.Call) and self._single_target(assign) == ref:
+                        models = self._optimizer_models(call)
+                        if models is not None:
+                            optimizers[ref] = (assign, models)
         if not optimizers:
             self._untrained_backward()
             return
@@ -349,6 +353,19 @@ class _Analyzer(cst.CSTVisitor):
                     return
                 if ref[1] not in plan.models:
                     plan.models.append(ref[1])
+        for ref in optimizers:
+            for assign in in_owner.get(ref, []):
+                value = assign.value
+                if m.matches(value, m.Name("None") | m.IfExp(body=m.Name("None")) | m.IfExp(orelse=m.Name("None"))):
+                    self.finding(
+                        assign, "ACC104",
+                        f"`{ref[1]}` can be None (`{_none_case(value)}`): the model it trains may then be frozen, and "
+                        "a prepared model with nothing to train fails in a multi-process run (DDP); file not "
+                        "converted.",
+                        "prepare the model and its optimizer only when it trains (inside the `if`), and move the "
+                        "frozen model with `.to(accelerator.device)` otherwise.",
+                    )
+                    return
         loaders = [
             (ref, a) for ref, assigns in in_owner.items() for a in assigns
             if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, DATALOADERS)
@@ -403,7 +420,8 @@ class _Analyzer(cst.CSTVisitor):
         self._wrapped = self._optimizer_wrappers(in_owner, optimizers)
         self._mixed_precision(module, in_owner)
         self._accumulation(module)
-        self._multi_process_hazards()
+        if not self._multi_process_hazards():
+            return
         plan.convertible = True
 
     def _untrained_backward(self) -> None:
@@ -693,22 +711,22 @@ class _Analyzer(cst.CSTVisitor):
                 continue
             plan.accumulation_steps = self._use_argument(found.steps)  # type: ignore[union-attr]
 
-    def _wrapped_model_attributes(self) -> None:
+    def _wrapped_model_attributes(self) -> bool:
         """ACC120: ``model.generate(...)``, ``model.config`` on a prepared model.
 
         In a multi-process run ``prepare`` returns a DistributedDataParallel wrapper,
         which has the ``nn.Module`` API and nothing of the model's own: an attribute
         of the model raises AttributeError there (and setting one sets it on the
         wrapper).  Code in the setup scope before the ``prepare`` point still holds
-        the plain model and is not reported.
+        the plain model and is not reported. True when one is found: the file is not converted.
         """
         plan = self.plan
         if plan.has_prepare:
-            return
+            return False
         root = scope_root(self._module, plan.setup)
         located = locate_setup(root, set(plan.core())) if root is not None else None
         if located is None:
-            return
+            return False
         block, index = located
         before = {
             id(n) for stmt in block.body[:index] if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
@@ -731,10 +749,12 @@ class _Analyzer(cst.CSTVisitor):
             self.finding(
                 node, "ACC120",
                 f"`{model}.{attr}` is the model's own attribute: in a multi-process run `prepare` returns a "
-                "DistributedDataParallel wrapper without it (AttributeError, or an attribute set on the wrapper).",
+                "DistributedDataParallel wrapper without it (AttributeError, or an attribute set on the wrapper). "
+                "File not converted.",
                 f"use `{accelerator}.unwrap_model({model}).{attr}` outside the training step, or make it part of "
                 "`forward`.",
             )
+        return bool(reported)
 
     def _plain_scheduler(self, call: cst.Call) -> bool:
         """A scheduler whose learning rate does not depend on ``_step_count`` under ``accumulate``."""
@@ -744,14 +764,14 @@ class _Analyzer(cst.CSTVisitor):
         return any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names)
 
     # ------------------------------------------------------------------ hazards left for a human
-    def _multi_process_hazards(self) -> None:
+    def _multi_process_hazards(self) -> bool:
         """Constructs that are fine in one process and wrong in several (ACC115, ACC116, ACC119)."""
         from accelify.early_stop import EarlyStops
 
         self.plan.findings.extend(
             EarlyStops(self, self.plan, self._module, [*self.loops, *self.whiles], self.exits).findings()
         )
-        self._wrapped_model_attributes()
+        refused = self._wrapped_model_attributes()
         for call in self.calls:
             if has_qname(self, call.func, DISTRIBUTED_SAMPLERS):
                 self.finding(
@@ -771,7 +791,10 @@ class _Analyzer(cst.CSTVisitor):
                     "call it outside the `if accelerator.is_main_process:` block, on every process.",
                 )
 
+        return not refused
+
     # ------------------------------------------------------------------ mixed precision
+
     def _mixed_precision(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]]) -> None:
         """Replace a GradScaler and autocast by the Accelerator's, when every use is one it can map."""
         plan = self.plan
@@ -1286,6 +1309,15 @@ _MODULE_API = frozenset({
 
 
 _BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
+
+
+def _none_case(value: cst.BaseExpression) -> str:
+    """``... if flag else None`` for a conditional optimizer, in one short line."""
+    if isinstance(value, cst.IfExp):
+        body = "None" if m.matches(value.body, m.Name("None")) else "..."
+        orelse = "None" if m.matches(value.orelse, m.Name("None")) else "..."
+        return f"{body} if {code_of(value.test)} else {orelse}"
+    return code_of(value)
 
 
 def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:

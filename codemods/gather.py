@@ -182,8 +182,8 @@ class GatherForMetrics(AccelifyCodemod):
             self.refuse(
                 node, "ACC114", f"evaluation metrics over a prepared dataloader would count one process's shard "
                 f"only: {gather}. File not converted.",
-                "gather the model outputs and the labels together: "
-                "`outputs, labels = accelerator.gather_for_metrics((outputs, labels))`.",
+                "gather the tensors the metric reads together, right before it: "
+                "`predictions, labels = accelerator.gather_for_metrics((predictions, labels))`.",
             )
             return
         if accelerator is None:

@@ -62,6 +62,8 @@ def test_attributes_after_prepare_are_reported_and_the_module_api_is_not() -> No
     assert _reported(SCRIPT) == [(7, "model.generate"), (7, "model.config"), (23, "model.config")]
     finding = next(f for f in convert(SCRIPT).findings if f.code == "ACC120")
     assert "accelerator.unwrap_model(model).generate" in finding.suggestion
+    # With two processes the wrapper raises AttributeError there: the file is left as it is.
+    assert convert(SCRIPT).output == SCRIPT
 
 
 def test_class_trainer_methods_after_init_are_reported() -> None:
@@ -74,11 +76,13 @@ def test_an_unwrapped_model_is_not_reported() -> None:
 
 
 def test_moving_a_method_result_to_the_cpu_is_not_moving_the_model() -> None:
-    source = SCRIPT.replace("print(model.config.name)", "sample = model.decode(z).cpu()\nmodel.cpu()")
+    source = SCRIPT.replace("print(model.config.name)", "sample = model(z).cpu()\nmodel.cpu()")
+    source = source.replace("model.generate(", "accelerator.unwrap_model(model).generate(")
+    source = source.replace("model.config.max_length", "accelerator.unwrap_model(model).config.max_length")
+    assert _reported(source) == []
     findings = convert(source).findings
     moved = [f.line for f in findings if f.code == "ACC108"]
-    assert moved == [24]  # `model.cpu()`, not `model.decode(z).cpu()` (a tensor) on line 23
-    assert (23, "model.decode") in _reported(source)
+    assert moved == [24]  # `model.cpu()`, not `model(z).cpu()` (a tensor) on line 23
 
 
 def test_a_model_moved_to_the_cpu_and_back_keeps_the_way_back() -> None:
