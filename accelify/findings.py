@@ -10,8 +10,9 @@ FINDINGS: dict[str, str] = {
     "ACC100": "The name `accelerator` (or `self.accelerator`) is already bound to something else: file left unchanged.",
     "ACC102": "The device is forced to the CPU, or chosen per rank or index: file left unchanged.",
     "ACC103": "The device variable is assigned more than once: file left unchanged.",
-    "ACC104": "The training objects are not built in one block, or a dataloader is iterated before the last is built: "
-    "file left unchanged.",
+    "ACC104": "The training objects are not built in one block, one of them is bound only under a condition (or "
+    "can be None), or training runs before the last of them is bound (a model bound again after training): file "
+    "left unchanged. A look at a batch before the model is built does not count.",
     "ACC105": "`scaler.scale(loss).backward()`: left as it is, `accelerator.backward` would scale the loss twice.",
     "ACC106": "`.backward()` in code that cannot reach the Accelerator (a module others import, a helper called "
     "from elsewhere): file left unchanged (with `--select`: that backward left as it is).",
@@ -42,7 +43,7 @@ FINDINGS: dict[str, str] = {
     "shard (a validation loss, a batch loss): processes would stop at different steps; reported "
     "(`accelerator.set_trigger()` + `accelerator.check_trigger()`).",
     "ACC120": "An attribute of the model itself (`model.generate(...)`, `model.config`) used after `prepare`: the "
-    "DistributedDataParallel wrapper of a multi-process run does not have it; reported "
+    "DistributedDataParallel wrapper of a multi-process run does not have it (AttributeError); file left unchanged "
     "(`accelerator.unwrap_model(model)`).",
     "ACC121": "No DataLoader and no device in the script: `prepare` would move the model to the accelerator and "
     "leave hand-made data on the CPU; file left unchanged.",

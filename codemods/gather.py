@@ -168,7 +168,7 @@ class GatherForMetrics(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "+=" in code or ".append(" in code or ".add_batch(" in code or ".update(" in code
+        return "+=" in code or ".append(" in code or ".extend(" in code or ".add_batch(" in code or ".update(" in code
 
     def visit_Module(self, node: cst.Module) -> None:
         self._after: dict[int, tuple[cst.BaseStatement, str]] = {}

@@ -57,3 +57,12 @@ def test_parts_of_an_output_object_or_a_batch_dict_are_not_gathered_whole() -> N
 def test_an_output_taken_through_a_method_of_the_model_call_is_gathered() -> None:
     source = SCRIPT.replace("        out = model(x)\n", "        out = model(x).squeeze()\n")
     assert "        out, y = accelerator.gather_for_metrics((out, y))\n" in convert(source).output
+
+
+def test_metrics_collected_with_extend_alone_are_gathered() -> None:
+    source = SCRIPT.replace("        mse = criterion(out, y)\n        total += mse.item()\n",
+                            "        predictions.extend(out.argmax(dim=1).tolist())\n")
+    assert "total +=" not in source and ".append(" not in source
+    assert "        out, y = accelerator.gather_for_metrics((out, y))\n" not in source
+    output = convert(source).output
+    assert "        out = accelerator.gather_for_metrics(out)\n" in output
