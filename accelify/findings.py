@@ -55,4 +55,6 @@ FINDINGS: dict[str, str] = {
     "sharded, every process trains on all of it; reported.",
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
     "from a factory): file left unchanged.",
+    "ACC126": "A script that manages its own processes (`init_process_group`, `DistributedDataParallel`, "
+    "`mp.spawn`): not converted yet (half a conversion would wrap the model twice); file left unchanged.",
 }

@@ -314,6 +314,17 @@ class _Analyzer(cst.CSTVisitor):
         if not optimizers:
             self._untrained_backward()
             return
+        own_group = next((c for c in self.calls if has_qname(self, c.func, _PROCESS_GROUP)), None)
+        if own_group is not None and not plan.has_accelerator:
+            self.finding(
+                own_group, "ACC126",
+                f"this script manages its own processes (`{code_of(own_group.func)}`): DistributedDataParallel, "
+                "process groups and per-rank devices are not converted yet, and half a conversion would wrap "
+                "the model twice. File not converted.",
+                "remove the process-group set-up, DDP wrapper and DistributedSampler by hand (Accelerate and "
+                "`accelerate launch` / `torchrun` do all three), then run accelify on the plain script.",
+            )
+            return
         owners = {ref[0] for ref in optimizers}
         setups = {self.assign_key[id(a)] for a, _ in optimizers.values()}
         first = min((a for a, _ in optimizers.values()), key=self._line)
@@ -1309,6 +1320,12 @@ _MODULE_API = frozenset({
 
 
 _BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
+# A script that runs its own distributed training (issue 10 converts them; until then: refused).
+_PROCESS_GROUP = frozenset(
+    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",
+     "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
+     "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
+)
 
 
 def _none_case(value: cst.BaseExpression) -> str:
