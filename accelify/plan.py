@@ -385,7 +385,7 @@ class _Analyzer(cst.CSTVisitor):
         plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self._line(x[1])))
         plan.flow["loader"] = plan.refs(plan.dataloaders)
         plan.flow["model"] = plan.refs(plan.models)
-        factory = self.functions.get(plan.setup) if not plan.class_mode else None
+        factory = scope_root(module, plan.setup) if not plan.class_mode and plan.setup != MODULE else None
         if factory is not None and not plan.has_accelerator and self._returns_training_objects(factory):
             self.finding(
                 first, "ACC107", f"the optimizer is built in `{plan.setup}`, which returns the training objects: an "
@@ -488,7 +488,7 @@ class _Analyzer(cst.CSTVisitor):
         if m.findall(func.body, m.Call(func=m.Attribute(attr=m.Name("backward")))):
             return False  # it trains them too: `return model` at the end hands back the trained model
         for ret in m.findall(func.body, m.Return()):
-            if ret.value is None or key_at(self, ret) != func.name.value:  # type: ignore[attr-defined]
+            if ret.value is None or key_at(self, ret) != self.plan.setup:  # type: ignore[attr-defined]
                 continue
             if any(ref_of(self, node) in core for node in m.findall(ret.value, m.Name())):  # type: ignore[attr-defined]
                 return True
