@@ -293,17 +293,6 @@ def locate_setup(root: Union[cst.Module, cst.FunctionDef], names: set[str]) -> O
     return best
 
 
-def loop_over(visitor: cst.MetadataDependent, stmts: Sequence[cst.BaseStatement], loaders: set[Ref]) -> Optional[cst.For]:
-    """The first ``for`` loop in ``stmts`` that iterates one of ``loaders``."""
-    for stmt in stmts:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            continue  # a definition iterates nothing until it is called
-        for loop in m.findall(stmt, m.For()):
-            if ref_of(visitor, peel_iterable(visitor, loop.iter)) in loaders:  # type: ignore[attr-defined]
-                return loop  # type: ignore[return-value]
-    return None
-
-
 # --------------------------------------------------------------------------
 # references: a training object is known by (scope key, name)
 

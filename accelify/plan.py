@@ -40,7 +40,6 @@ from accelify.analysis import (
     key_at,
     locate_setup,
     binds,
-    loop_over,
     peel_iterable,
     qualified_names,
     read_names,
@@ -438,8 +437,7 @@ class _Analyzer(cst.CSTVisitor):
     def _untrained_backward(self) -> None:
         """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
         is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
-        backwards = [c for c in self.backwards
-                     if not qualified_names(self, c.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
+        backwards = [c for c in self.backwards if self._tensor_backward(c)
                      and code_of(c.func.value) not in ("accelerator", "self.accelerator")]  # type: ignore[attr-defined]
         if not backwards or self.plan.has_accelerator or m.findall(self._module, m.Name("Accelerator")):
             return
@@ -485,7 +483,7 @@ class _Analyzer(cst.CSTVisitor):
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
         core = self.plan.refs(self.plan.core())
-        if m.findall(func.body, m.Call(func=m.Attribute(attr=m.Name("backward")))):
+        if m.findall(func.body, _BACKWARD):
             return False  # it trains them too: `return model` at the end hands back the trained model
         for ret in m.findall(func.body, m.Return()):
             if ret.value is None or key_at(self, ret) != self.plan.setup:  # type: ignore[attr-defined]
@@ -1034,6 +1032,10 @@ class _Analyzer(cst.CSTVisitor):
                         plan.needs_accelerator.add(caller)
                         changed = True
 
+    def _tensor_backward(self, call: cst.Call) -> bool:
+        """``loss.backward()``, not the function ``torch.autograd.backward(...)``."""
+        return not qualified_names(self, call.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
+
     def _backward_out_of_reach(self) -> Optional[cst.Call]:
         """A tensor ``.backward()`` that cannot go through the Accelerator.
 
@@ -1046,10 +1048,9 @@ class _Analyzer(cst.CSTVisitor):
             key = key_at(self, call)
             if key is None or plan.accelerator_in(key) is not None or key in plan.needs_accelerator:
                 continue
-            receiver = call.func.value  # type: ignore[attr-defined]
-            if qualified_names(self, receiver) & {"torch.autograd", "torch"}:
-                continue  # torch.autograd.backward(...): a function, not a tensor method
-            if code_of(receiver) in (plan.accelerator, "accelerator"):
+            if not self._tensor_backward(call):
+                continue
+            if code_of(call.func.value) in (plan.accelerator, "accelerator"):  # type: ignore[attr-defined]
                 continue
             scope = self.get_metadata(ScopeProvider, call, None)
             if scope is not None and any(scope_key(a.scope) == key for a in scope["accelerator"]):
@@ -1267,7 +1268,7 @@ class _Analyzer(cst.CSTVisitor):
         # Training (a backward, or a call of a helper that runs one) before the last binding would
         # run on unprepared objects: a model bound again after training (a reload of the best
         # checkpoint) puts `prepare` after the loop. Peeking at a batch does not train.
-        trainers = {name for name, func in self.functions.items() if m.findall(func, _BACKWARD)}
+        trainers = {key.split(".")[0] for call in self.backwards if (key := key_at(self, call))} & set(self.functions)
         last = block.body[index - 1]
         for stmt in block.body[: index - 1]:
             if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
