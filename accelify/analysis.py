@@ -283,11 +283,69 @@ def setup_blocks(root: Union[cst.Module, cst.FunctionDef]) -> Iterator[Body]:
         yield from inside(stmt)
 
 
-def locate_setup(root: Union[cst.Module, cst.FunctionDef], names: set[str]) -> Optional[tuple[Body, int]]:
-    """The deepest block that binds every name, and the index just after the last binding."""
+BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
+
+
+def trainer_functions(module: cst.Module) -> set[str]:
+    """Names of the module's functions and methods that train: they run a backward, or call
+    (by name) one that does. ``train(model, loader)``, ``trainer.fit()``."""
+    defs: dict[str, list[cst.FunctionDef]] = {}
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef):
+            defs.setdefault(stmt.name.value, []).append(stmt)
+        elif isinstance(stmt, cst.ClassDef):
+            for inner in stmt.body.body:
+                if isinstance(inner, cst.FunctionDef):
+                    defs.setdefault(inner.name.value, []).append(inner)
+    found = {name for name, funcs in defs.items() if any(m.findall(f, BACKWARD) for f in funcs)}
+    changed = True
+    while changed:
+        changed = False
+        for name, funcs in defs.items():
+            if name not in found and any(_calls_any(f, found) for f in funcs):
+                found.add(name)
+                changed = True
+    return found
+
+
+def _calls_any(node: cst.CSTNode, names: set[str], objects: frozenset[str] = frozenset()) -> bool:
+    """A call of one of ``names``; a method call on one of ``objects`` (``model.train()`` is
+    ``nn.Module.train``, whatever a trainer class calls its own methods) does not count."""
+    for call in m.findall(node, m.Call(func=m.Name() | m.Attribute())):
+        func = call.func  # type: ignore[attr-defined]
+        if isinstance(func, cst.Attribute):
+            root = root_name(func.value)
+            if root is not None and root.value in objects:
+                continue
+        name = func.value if isinstance(func, cst.Name) else func.attr.value
+        if name in names:
+            return True
+    return False
+
+
+def trains(stmt: cst.BaseStatement, trainers: set[str], objects: frozenset[str] = frozenset()) -> bool:
+    """Does running ``stmt`` train: a backward in it, or a call of a function that trains?
+    (A definition runs nothing until it is called.)"""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return False
+    return bool(m.findall(stmt, BACKWARD)) or _calls_any(stmt, trainers, objects)
+
+
+def locate_setup(
+    root: Union[cst.Module, cst.FunctionDef], names: set[str], trainers: Optional[set[str]] = None
+) -> Optional[tuple[Body, int]]:
+    """The deepest block that binds every name, and the index just after the last binding.
+
+    With ``trainers``, only bindings before the first statement that trains count: the
+    objects training uses are the ones bound before it (a model bound again after training,
+    to reload a checkpoint for a test, is another object).
+    """
     best: Optional[tuple[Body, int]] = None
     for block in setup_blocks(root):  # outermost first: a later match is nested in an earlier one
-        hits = [i for i, stmt in enumerate(block.body) if binds(stmt, names)]
+        end = len(block.body)
+        if trainers is not None:
+            end = next((i for i, stmt in enumerate(block.body) if trains(stmt, trainers, frozenset(names))), end)
+        hits = [i for i, stmt in enumerate(block.body[:end]) if binds(stmt, names)]
         if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
             best = (block, hits[-1] + 1)
     return best

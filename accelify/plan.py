@@ -30,6 +30,7 @@ from libcst.metadata import (
 from accelify.accumulation import code_of
 from accelify.analysis import (
     ACCELERATOR_CLASS,
+    BACKWARD,
     DATALOADERS,
     MODULE,
     RawFinding,
@@ -50,6 +51,8 @@ from accelify.analysis import (
     scope_root,
     simple_assign,
     string_value,
+    trainer_functions,
+    trains,
     under_main_process_check,
 )
 
@@ -99,6 +102,8 @@ class Plan:
     accumulation_steps: Optional[str] = None
     #: names the Accelerator's arguments read: it must be created after they are bound
     argument_names: set[str] = field(default_factory=set)
+    #: models bound again in the setup block after training (a reload for a test): plain models there
+    rebound_models: list[str] = field(default_factory=list)
     #: every ref of each kind, setup objects and helper parameters alike
     flow: dict[str, set[Ref]] = field(default_factory=lambda: {k: set() for k in KINDS})
     #: module-level helper -> its parameters that carry the device
@@ -299,6 +304,7 @@ class _Analyzer(cst.CSTVisitor):
     # ------------------------------------------------------------------ the plan
     def _finish(self, module: cst.Module) -> None:
         plan = self.plan
+        self._trainers = trainer_functions(module)
         optimizers: dict[Ref, tuple[cst.Assign, list[cst.BaseExpression]]] = {}
         for ref, assigns in self.assigns.items():
             for assign in assigns:
@@ -416,6 +422,12 @@ class _Analyzer(cst.CSTVisitor):
         plan.has_prepare = self._has_prepare(module)
         if not plan.has_prepare and not self._prepare_point_ok(module):
             return
+        if plan.has_prepare:  # converted code: a model bound again after training is still a plain one
+            root = scope_root(module, plan.setup)
+            located = locate_setup(root, set(plan.core()), self._trainers) if root is not None else None
+            if located is not None:
+                after = located[0].body[located[1]:]
+                plan.rebound_models = [n for n in plan.models if any(binds(stmt, {n}) for stmt in after)]
         self._needs_accelerator()
         unreachable = self._backward_out_of_reach()
         if unreachable is not None:
@@ -483,7 +495,7 @@ class _Analyzer(cst.CSTVisitor):
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
         core = self.plan.refs(self.plan.core())
-        if m.findall(func.body, _BACKWARD):
+        if m.findall(func.body, BACKWARD):
             return False  # it trains them too: `return model` at the end hands back the trained model
         for ret in m.findall(func.body, m.Return()):
             if ret.value is None or key_at(self, ret) != self.plan.setup:  # type: ignore[attr-defined]
@@ -733,13 +745,17 @@ class _Analyzer(cst.CSTVisitor):
         if plan.has_prepare:
             return False
         root = scope_root(self._module, plan.setup)
-        located = locate_setup(root, set(plan.core())) if root is not None else None
+        located = locate_setup(root, set(plan.core()), self._trainers) if root is not None else None
         if located is None:
             return False
         block, index = located
+        after = block.body[index:]
+        first_rebinding = next((i for i, stmt in enumerate(after) if binds(stmt, set(plan.rebound_models))), len(after))
         before = {
             id(n) for stmt in block.body[:index] if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
             for n in m.findall(stmt, m.Attribute())
+        } | {  # a model bound again after training is a plain model too
+            id(n) for stmt in after[first_rebinding:] for n in m.findall(stmt, m.Attribute())
         }
         reported: set[tuple[Optional[str], str, str]] = set()
         for node in m.findall(self._module, m.Attribute()):
@@ -1196,7 +1212,7 @@ class _Analyzer(cst.CSTVisitor):
         """ACC113: a per-batch scheduler built after prepare, sized from len(loader) taken before it."""
         plan = self.plan
         root = scope_root(module, plan.setup)
-        located = locate_setup(root, set(plan.core())) if root is not None else None
+        located = locate_setup(root, set(plan.core()), self._trainers) if root is not None else None
         if located is None:
             return
         block, index = located
@@ -1246,7 +1262,7 @@ class _Analyzer(cst.CSTVisitor):
         names = plan.core()
         listed = ", ".join(names)
         root = scope_root(module, plan.setup)
-        located = locate_setup(root, set(names)) if root is not None else None
+        located = locate_setup(root, set(names), self._trainers) if root is not None else None
         if located is None:
             self.finding(
                 module.body[0] if root is None else root, "ACC104",
@@ -1265,27 +1281,32 @@ class _Analyzer(cst.CSTVisitor):
                     "needs the object), or call `prepare` inside the condition by hand.",
                 )
                 return False
-        # Training (a backward, or a call of a helper that runs one) before the last binding would
-        # run on unprepared objects: a model bound again after training (a reload of the best
-        # checkpoint) puts `prepare` after the loop. Peeking at a batch does not train.
-        trainers = {key.split(".")[0] for call in self.backwards if (key := key_at(self, call))} & set(self.functions)
-        last = block.body[index - 1]
-        for stmt in block.body[: index - 1]:
-            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-                continue  # a definition runs nothing until it is called
-            if m.findall(stmt, _BACKWARD) or any(
-                isinstance(c.func, cst.Name) and c.func.value in trainers for c in m.findall(stmt, m.Call())  # type: ignore[attr-defined]
-            ):
-                rebound = [n for n in names if binds(last, {n})]
-                self.finding(
-                    stmt, "ACC104",
-                    f"training runs here, before the last binding of `{', '.join(rebound)}` (line "
-                    f"{self._line(last)}): `prepare` must come after that binding, so it would come after "
-                    "training; file not converted.",
-                    f"give the object bound again a name of its own (`best_model = ...`), so that `{listed} = "
-                    f"{plan.accelerator}.prepare({listed})` can come before the training loop.",
-                )
-                return False
+        # `prepare` goes after the last binding before training. An object bound again after
+        # that is a new one: a model re-created to reload a checkpoint and test it stays a plain
+        # model on `accelerator.device`; anything else bound again, or training after it, would
+        # run on unprepared objects.
+        after = block.body[index:]
+        rebound = [n for n in names if any(binds(stmt, {n}) for stmt in after)]
+        if not rebound:
+            return True
+        first = next(i for i, stmt in enumerate(after) if binds(stmt, set(rebound)))
+        training = next((stmt for stmt in after[first:] if trains(stmt, self._trainers, frozenset(names))), None)
+        others = [n for n in rebound if n not in plan.models]
+        if training is not None or others:
+            what = ", ".join(others or rebound)
+            where = training if training is not None and not others else after[first]
+            self.finding(
+                where, "ACC104",
+                f"`{what}` is bound again after training starts (line {self._line(after[first])})"
+                + (" and trained again after that" if training is not None and not others else "")
+                + ": one `prepare` cannot cover both objects, and the second would train unprepared; file not "
+                "converted.",
+                f"give the object bound again a name of its own (`best_model = ...`), or build every training "
+                f"object before the loop, so that `{listed} = {plan.accelerator}.prepare({listed})` covers "
+                "what trains.",
+            )
+            return False
+        plan.rebound_models = rebound
         return True
 
     def _has_prepare(self, module: cst.Module) -> bool:
@@ -1320,7 +1341,6 @@ _MODULE_API = frozenset({
 })
 
 
-_BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
 # A script that runs its own distributed training (issue 10 converts them; until then: refused).
 _PROCESS_GROUP = frozenset(
     {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",

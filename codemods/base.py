@@ -11,7 +11,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import RawFinding, key_at, scope_key
+from accelify.analysis import RawFinding, binds, key_at, locate_setup, scope_key, scope_root, trainer_functions
 from accelify.plan import Plan
 from accelify.report import Change
 
@@ -124,6 +124,29 @@ class AccelifyCodemod(cst.CSTTransformer):
         if all(scope_key(a.scope) in allowed for a in scope[acc]):
             return acc
         return None
+
+    def rebound_statements(self, module: cst.Module) -> set[int]:
+        """Ids of the setup block's statements from the first one that binds a model again after
+        training (``model = Net()`` to reload a checkpoint for a test): there it is a plain model."""
+        if not self.plan.rebound_models:
+            return set()
+        root = scope_root(module, self.plan.setup)
+        located = locate_setup(root, set(self.plan.core()), trainer_functions(module)) if root is not None else None
+        if located is None:
+            return set()
+        block, index = located
+        after = list(block.body[index:])
+        first = next((i for i, s in enumerate(after) if binds(s, set(self.plan.rebound_models))), len(after))
+        return {id(s) for s in after[first:]}
+
+    def inside(self, node: cst.CSTNode, statements: set[int]) -> bool:
+        """Is ``node`` part of one of ``statements``?"""
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            if id(current) in statements:
+                return True
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return False
 
     # ------------------------------------------------------------------ statements
     def remove(self, updated: Statement) -> Statement:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+import keyword
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.analysis import assigned_names, peel_iterable, ref_of, root_name, simple_assign
+from libcst.metadata import GlobalScope, ParentNodeProvider, ScopeProvider
+
+from accelify.analysis import assigned_names, peel_iterable, ref_of, simple_assign, string_value
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
@@ -23,77 +26,220 @@ _TENSOR_ATTRIBUTES = frozenset({"shape", "data", "T", "dtype", "device", "ndim",
 
 @dataclass
 class Gather:
-    """Where to gather (after ``statement``, in ``block``) and which names."""
+    """Gather ``values`` into ``names`` right before ``statement`` (in ``block``); read
+    ``replace`` (ids of the parts gathered: ``batch["labels"]``) as the new names after it."""
 
     block: cst.IndentedBlock
     statement: cst.BaseStatement
     names: list[str]
+    values: list[str]
+    replace: dict[int, str]
+
+
+# Methods and torch functions that keep one row per sample: what comes out of them can still be
+# gathered (`predictions = logits.argmax(dim=-1)`), unlike a loss or a `.item()`.
+_PER_SAMPLE = frozenset({
+    "argmax", "argmin", "max", "min", "softmax", "log_softmax", "sigmoid", "squeeze", "unsqueeze", "view",
+    "reshape", "float", "long", "int", "detach", "cpu", "round", "flatten", "view_as", "topk", "sort", "exp",
+})
+_NEEDS_DIM = frozenset({"argmax", "argmin", "max", "min", "topk", "sort"})  # a reduction without a dim
+
+
+def _per_sample(expr: cst.BaseExpression) -> bool:
+    """``outputs.logits``, ``batch["labels"]``, ``torch.argmax(logits, dim=-1)``, ``out.max(1)``."""
+    if isinstance(expr, (cst.Name, cst.Integer, cst.Float, cst.SimpleString)):
+        return True
+    if isinstance(expr, cst.UnaryOperation):
+        return _per_sample(expr.expression)
+    if isinstance(expr, cst.Attribute):
+        return _per_sample(expr.value)
+    if isinstance(expr, cst.Subscript):
+        return len(expr.slice) == 1 and m.matches(expr.slice[0], m.SubscriptElement(m.Index(m.SimpleString() | m.Integer()))) and _per_sample(expr.value)
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _PER_SAMPLE:
+        name = expr.func.attr.value
+        if name in _NEEDS_DIM and not expr.args:
+            return False
+        args_ok = all(_per_sample(a.value) for a in expr.args)
+        receiver = expr.func.value
+        if m.matches(receiver, m.Name("torch") | m.Attribute(value=m.Name("torch"), attr=m.Name("nn") | m.Name("special"))
+                     | m.Attribute(attr=m.Name("functional"))) or m.matches(receiver, m.Name("F")):
+            return args_ok and bool(expr.args)  # torch.argmax(logits, dim=-1), F.softmax(out, dim=1)
+        return args_ok and _per_sample(receiver)
+    return False
+
+
+def _metric(stmt: cst.BaseStatement) -> bool:
+    """A statement that counts (``+=``) or collects (``append``/``add_batch``/...), or holds one."""
+    return bool(m.findall(stmt, m.AugAssign() | _METRIC_CALLS))
+
+
+def _reads(stmt: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
 
 def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Union[Gather, str, None]:
-    """An evaluation loop over a prepared dataloader whose model outputs and labels feed metrics.
+    """An evaluation loop over a prepared dataloader whose metrics read the model's outputs.
 
-    ``None`` when the loop trains (calls ``.backward()``), already gathers, or is not
-    of the plain shape accelify can rewrite: ``out = model(...)`` followed by
-    counters (``+=``) or ``append``/``add_batch``/``update`` calls over names.  The
-    reason, when the metrics read something computed from the batch that is not
-    a plain batch name (gathering the outputs alone would pair them with one
-    process's labels).
+    The gather goes right before the first statement that no longer keeps one row per
+    sample (a loss, a ``.item()``, the metric itself), and takes what the statements from
+    there on read of the batch and the outputs: ``predictions`` and ``batch["labels"]``, the
+    tensors themselves, never a whole output object or a whole batch dict.
+
+    ``None`` when the loop trains (calls ``.backward()``), already gathers, or has no
+    metric; the reason as a string when its metrics cannot be gathered that way.
     """
     if ref_of(visitor, peel_iterable(visitor, loop.iter)) not in plan.flow["loader"]:
         return None
     if m.findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))):
         return None
-    batch = set(assigned_names(loop.target))
-    derived = set(batch)  # anything computed from the batch, gatherable or not
     rows = list(_statements(loop.body))
-    for position, (block, stmt) in enumerate(rows):
+    derived = set(assigned_names(loop.target))  # anything computed from the batch
+    defined_at: dict[str, int] = {n: -1 for n in derived}
+    call_at = None
+    for position, (_, stmt) in enumerate(rows):
         assign = simple_assign(stmt)
-        if assign is not None and {n.value for n in m.findall(assign.value, m.Name())} & derived:  # type: ignore[attr-defined]
-            derived |= {n for t in assign.targets for n in assigned_names(t.target)}
-        if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
-            if assign is not None:
-                root = root_name(assign.value)
-                if root is not None and root.value in batch:
-                    batch |= {n for t in assign.targets for n in assigned_names(t.target)}
+        if assign is None:
             continue
+        targets = {n for t in assign.targets for n in assigned_names(t.target)}
+        if _reads(assign.value) & derived:
+            derived |= targets
+            for n in targets:
+                defined_at.setdefault(n, position)
         value = _model_call(assign.value)
-        if not (isinstance(value, cst.Call) and ref_of(visitor, value.func) in plan.flow["model"]):
-            root = root_name(assign.value)
-            if root is not None and root.value in batch:
-                batch.add(assign.targets[0].target.value)
+        if call_at is None and isinstance(value, cst.Call) and ref_of(visitor, value.func) in plan.flow["model"]:
+            call_at = position
+    metrics = [i for i, (_, s) in enumerate(rows) if _metric(s) and _reads(s) & derived]
+    if not metrics:
+        return None
+    inline = None  # `correct += (model(x).argmax(1) == y).sum()`: the model runs inside the metric
+    if call_at is None or metrics[0] < call_at:
+        calls = [c for c in m.findall(rows[metrics[0]][1], m.Call())
+                 if ref_of(visitor, c.func) in plan.flow["model"]]  # type: ignore[attr-defined]
+        if len(calls) != 1:
+            if call_at is None:
+                return "they read the batch, but no `output = model(...)` line gives accelify the outputs to gather"
+            return "a metric reads the batch before the model's outputs exist, so no one gather can pair them"
+        inline, call_at, at = calls[0], metrics[0], metrics[0]
+    else:
+        at = call_at + 1
+        while at < len(rows) and not _metric(rows[at][1]) and (a := simple_assign(rows[at][1])) is not None and _per_sample(a.value):
+            at += 1
+    if at >= len(rows):
+        return None
+    block, statement = rows[at]
+    later = [s for _, s in rows[at:]]
+    skip = {id(n) for n in m.findall(inline, m.Name())} if inline is not None else set()  # its inputs stay
+    if any(
+        ref_of(visitor, c.func) in plan.flow["model"] and c is not inline  # type: ignore[attr-defined]
+        for s in later for c in m.findall(s, m.Call())
+    ):
+        return "the model runs again after the values the metrics read, so no one gather can cover both"
+    # What the metrics read, directly or through the statements between (`mse = criterion(out, y)`).
+    needed = {n.value for s in later if _metric(s) for n in m.findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
+    for s in reversed(later):
+        inner = simple_assign(s)
+        if inner is not None and {n for t in inner.targets for n in assigned_names(t.target)} & needed:
+            needed |= _reads(inner.value)
+    order = _first_use(later, derived)
+    # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
+    gathered = sorted((n for n in derived & needed if defined_at.get(n, len(rows)) < at),
+                      key=lambda n: (defined_at[n] < call_at, order(n)))
+    names: list[str] = []
+    values: list[str] = []
+    replace: dict[int, str] = {}
+    keywords = {id(a.keyword) for a in m.findall(loop, m.Arg(keyword=m.Name()))}  # type: ignore[attr-defined]
+    taken = {n.value for n in m.findall(loop, m.Name()) if id(n) not in keywords} | set(_scope_names(visitor, loop))  # type: ignore[attr-defined]
+    if inline is not None:
+        new = _fresh(visitor, [inline], taken)
+        taken.add(new)
+        names.append(new)
+        values.append(cst.Module(body=[]).code_for_node(inline))
+        replace[id(inline)] = new
+    for name in gathered:
+        reads = [n for s in _outermost(later) for n in m.findall(s, m.Name(name)) if id(n) not in skip]
+        parts: dict[str, list[cst.CSTNode]] = {}
+        whole = False
+        for read in reads:
+            part = _part_of(visitor, read)
+            if part is None:
+                whole = True
+            else:
+                parts.setdefault(cst.Module(body=[]).code_for_node(part), []).append(part)
+        if not parts or (whole and not parts):
+            names.append(name)
+            values.append(name)
             continue
-        output = assign.targets[0].target.value
-        later = [s for _, s in rows[position + 1 :]]
-        metrics = [s for s in later if m.matches(s, m.SimpleStatementLine(body=[m.AugAssign() | _METRIC_CALLS]))]
-        if not metrics:
+        if whole:
+            code = next(iter(parts))
+            return (f"they read `{name}` whole and a part of it (`{code}`): gathering the whole object would send "
+                    "every input and can fail on a non-tensor output")
+        for code, nodes in parts.items():
+            new = _fresh(visitor, nodes, taken)
+            taken.add(new)
+            names.append(new)
+            values.append(code)
+            replace.update({id(n): new for n in nodes})
+    if not names:
+        return None
+    return Gather(block, statement, names, values, replace)
+
+
+def _part_of(visitor: cst.MetadataDependent, name: cst.Name) -> Optional[cst.BaseExpression]:
+    """``outputs.logits`` / ``batch["labels"]`` around this read of ``outputs`` / ``batch``, if it is one."""
+    parent = visitor.get_metadata(ParentNodeProvider, name, None)
+    if isinstance(parent, cst.Attribute) and parent.value is name:
+        if parent.attr.value in _TENSOR_ATTRIBUTES:
             return None
-        # What the metrics read, directly or through the statements between (`mse = criterion(out, y)`).
-        needed = {n.value for metric in metrics for n in m.findall(metric, m.Name())}  # type: ignore[attr-defined]
-        for s in reversed(later):
-            inner = simple_assign(s)
-            if inner is not None and {n for t in inner.targets for n in assigned_names(t.target)} & needed:
-                needed |= {n.value for n in m.findall(inner.value, m.Name())}  # type: ignore[attr-defined]
-        # Labels are the batch names the metrics read (`target`, or a whole `batch` dict).
-        names: list[str] = [output, *sorted(batch & needed, key=_first_use(later, batch))]
-        if (derived & needed) - set(names):
-            return "the metrics read a value derived from the batch that accelify cannot gather with the outputs"
-        # Only tensors are gathered: not a whole output object (`outputs.logits`: a dataclass or a
-        # namespace crashes the gather) nor a whole batch (`batch["labels"]`: the inputs too).
-        for name in names:
-            for s in later:
-                called = {id(c.func) for c in m.findall(s, m.Call())}  # type: ignore[attr-defined]
-                parts = [
-                    *(a for a in m.findall(s, m.Attribute(value=m.Name(name)))
-                      if id(a) not in called and a.attr.value not in _TENSOR_ATTRIBUTES),  # type: ignore[attr-defined]
-                    *m.findall(s, m.Subscript(value=m.Name(name), slice=[m.SubscriptElement(m.Index(m.SimpleString()))])),
-                ]
-                if parts:
-                    return (f"they read a part of `{name}` (`{cst.Module(body=[]).code_for_node(parts[0])}`), and "
-                            "gathering the whole object would send every input and can fail on a non-tensor "
-                            "output; gather the tensors the metric reads right before it")
-        return Gather(block, stmt, names)
+        grand = visitor.get_metadata(ParentNodeProvider, parent, None)
+        if isinstance(grand, cst.Call) and grand.func is parent:
+            return None  # a method of the tensor: `labels.size(0)`
+        return parent
+    if (isinstance(parent, cst.Subscript) and parent.value is name and len(parent.slice) == 1
+            and m.matches(parent.slice[0], m.SubscriptElement(m.Index(m.SimpleString())))):
+        return parent
     return None
+
+
+def _fresh(visitor: cst.MetadataDependent, nodes: list[cst.CSTNode], taken: set[str]) -> str:
+    """A name for a gathered part: the keyword it is passed as (`references=batch["labels"]`), else
+    its key or attribute (`labels`, `logits`)."""
+    first = nodes[0]
+    parent = visitor.get_metadata(ParentNodeProvider, first, None)
+    candidates = []
+    if isinstance(parent, cst.Arg) and parent.keyword is not None:
+        candidates.append(parent.keyword.value)
+    if isinstance(first, cst.Attribute):
+        candidates.append(first.attr.value)
+    elif isinstance(first, cst.Subscript):
+        key = string_value(first.slice[0].slice.value)  # type: ignore[attr-defined]
+        if key is not None and key.isidentifier():
+            candidates.append(key)
+    for name in candidates:
+        if name.isidentifier() and not keyword.iskeyword(name) and name not in taken:
+            return name
+    if isinstance(first, cst.Call) and "outputs" not in taken:
+        return "outputs"
+    base = candidates[0] if candidates else "outputs" if isinstance(first, cst.Call) else "value"
+    i = 0
+    while f"gathered_{base}{i or ''}" in taken:
+        i += 1
+    return f"gathered_{base}{i or ''}"
+
+
+def _scope_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> list[str]:
+    scope = visitor.get_metadata(ScopeProvider, node, None)
+    out: list[str] = []
+    while scope is not None:
+        out.extend(a.name for a in scope.assignments)
+        parent = getattr(scope, "parent", None)
+        scope = None if parent is scope or isinstance(scope, GlobalScope) else parent
+    return out
+
+
+def _outermost(statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """``statements`` without those nested in another of them (a `with` and its body)."""
+    inner = {id(n) for s in statements for n in m.findall(s, m.SimpleStatementLine() | m.BaseCompoundStatement()) if n is not s}
+    return [s for s in statements if id(s) not in inner]
 
 
 def _model_call(expr: cst.BaseExpression) -> cst.BaseExpression:
@@ -171,7 +317,8 @@ class GatherForMetrics(AccelifyCodemod):
         return "+=" in code or ".append(" in code or ".extend(" in code or ".add_batch(" in code or ".update(" in code
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._after: dict[int, tuple[cst.BaseStatement, str]] = {}
+        self._before: dict[int, str] = {}
+        self._replace: dict[int, str] = {}
 
     def visit_For(self, node: cst.For) -> None:
         gather = find_gather(self, node, self.plan)
@@ -194,16 +341,32 @@ class GatherForMetrics(AccelifyCodemod):
             )
             return
         names = ", ".join(gather.names)
-        value = f"({names})" if len(gather.names) > 1 else names
-        self._after[id(gather.statement)] = (gather.statement, f"{names} = {accelerator}.gather_for_metrics({value})\n")
-        self.change(gather.statement, f"`{names}` gathered from every process before the metrics")
+        values = ", ".join(gather.values)
+        value = f"({values})" if len(gather.values) > 1 else values
+        self._before[id(gather.statement)] = f"{names} = {accelerator}.gather_for_metrics({value})\n"
+        self._replace.update(gather.replace)
+        self.change(gather.statement, f"`{values}` gathered from every process before the metrics")
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        return cst.Name(self._replace[id(original_node)]) if id(original_node) in self._replace else updated_node
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        return cst.Name(self._replace[id(original_node)]) if id(original_node) in self._replace else updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return cst.Name(self._replace[id(original_node)]) if id(original_node) in self._replace else updated_node
 
     def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        if not any(id(s) in self._after for s in original.body):
+        if not any(id(s) in self._before for s in original.body):
             return body
         out: list[cst.BaseStatement] = []
         for before, updated in zip(original.body, body):
+            if id(before) in self._before:
+                gather = self.parse_statement(self._before[id(before)])
+                if not any(line.comment is not None for line in updated.leading_lines):
+                    # blank lines go before the gather; comment lines stay with what they describe
+                    gather = gather.with_changes(leading_lines=updated.leading_lines)
+                    updated = updated.with_changes(leading_lines=[])
+                out.append(gather)
             out.append(updated)
-            if id(before) in self._after:
-                out.append(self.parse_statement(self._after[id(before)][1]))
         return out

@@ -63,6 +63,7 @@ class Loading(AccelifyCodemod):
         return "load_state_dict" in code
 
     def visit_Module(self, node: cst.Module) -> None:
+        self._plain = self.rebound_statements(node)  # a model bound again after training: never wrapped
         self._prepares: list[tuple[cst.Call, list[cst.BaseStatement]]] = []
         root = scope_root(node, self.plan.setup)
         if root is not None:
@@ -110,6 +111,8 @@ class Loading(AccelifyCodemod):
         owner = call.func.value  # type: ignore[attr-defined]
         if m.matches(owner, _UNWRAP) or ref_of(self, owner) not in self.plan.flow["model"]:
             return False
+        if self.inside(call, self._plain):
+            return False
         if key_at(self, call) == self.plan.setup and self._after_prepare(call, _code(owner)) is False:
             return False  # taken before prepare: the plain model's keys
         return True
@@ -119,7 +122,7 @@ class Loading(AccelifyCodemod):
         if not m.matches(original_node, _LOAD) or self._wrapped_state:
             return updated_node
         owner = original_node.func.value  # type: ignore[attr-defined]
-        if ref_of(self, owner) not in self.plan.flow["model"]:
+        if ref_of(self, owner) not in self.plan.flow["model"] or self.inside(original_node, self._plain):
             return updated_node
         model = _code(owner)
         if key_at(self, original_node) == self.plan.setup and not self._after_prepare(original_node, model):

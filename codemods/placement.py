@@ -71,12 +71,13 @@ class RemovePlacement(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return ".to(" in code or ".cuda(" in code or ".cpu(" in code
+        return ".to(" in code or ".cuda(" in code or ".cpu(" in code or bool(plan.rebound_models)
 
     def __init__(self, context, plan) -> None:
         super().__init__(context, plan)
         self._derived: list[set[str]] = []  # one set per enclosing loop/comprehension over batch data
         self._strip: set[int] = set()  # ids of placement calls to strip (original nodes)
+        self._place: set[int] = set()  # ids of model constructions to place on accelerator.device
 
     # ------------------------------------------------------------ what is placement
     def _device_arg(self, call: cst.Call) -> Optional[cst.Arg]:
@@ -189,6 +190,13 @@ class RemovePlacement(AccelifyCodemod):
             return
         if not all(ref_of(self, t.target) in self.plan.flow["model"] for t in assign.targets):
             return
+        if self.inside(node, self._plain):
+            # A model bound again after training is not prepared: it keeps its placement, and one
+            # built with none goes where the prepared dataloaders put their batches.
+            placed = m.findall(assign.value, m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda"))))
+            if isinstance(assign.value, cst.Call) and not placed:
+                self._place.add(id(assign.value))
+            return
         # model = Net().to(device) / model = Net().cuda().half(): strip along the method chain.
         node_ = assign.value
         while isinstance(node_, cst.Call) and isinstance(node_.func, cst.Attribute):
@@ -197,6 +205,7 @@ class RemovePlacement(AccelifyCodemod):
             node_ = node_.func.value
 
     def visit_Module(self, node: cst.Module) -> None:
+        self._plain = self.rebound_statements(node)
         self._model_leaves_device = any(
             self._is_model(call.func.value)  # type: ignore[attr-defined]
             and (call.func.attr.value == "cpu"  # type: ignore[attr-defined]
@@ -242,6 +251,12 @@ class RemovePlacement(AccelifyCodemod):
                 )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) in self._place:
+            accelerator = self.accelerator_at(original_node)
+            if accelerator is not None:
+                self.change(original_node, "a model built again after training: placed on `accelerator.device`")
+                return cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("to")),
+                                args=[cst.Arg(accelerator_attr(accelerator, "device"))])
         if not self._placement(original_node):
             self._report_unclear(original_node)
             return updated_node
@@ -250,7 +265,9 @@ class RemovePlacement(AccelifyCodemod):
         strip = id(original_node) in self._strip
         if not strip and root is not None and root.value in self._current_derived():
             strip = True
-        if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)):
+        if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)) and not self.inside(
+            original_node, self._plain
+        ):
             # A model the script moves off the device (`model.cpu()` to save) must be moved back.
             strip = not self._model_leaves_device
         if strip:

@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Union
 import libcst as cst
 
 from accelify.analysis import Body as Block
-from accelify.analysis import binds, child_blocks, locate_setup, scope_root
+from accelify.analysis import binds, child_blocks, locate_setup, scope_root, trainer_functions
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod, insert_paragraph
@@ -75,7 +75,7 @@ class Prepare(AccelifyCodemod):
         anchors = set(self._names)
         if any(binds(stmt, {self.plan.accelerator}) for stmt in _statements(root)):
             anchors.add(self.plan.accelerator)  # created where the device was: prepare comes after it
-        located = locate_setup(root, anchors)
+        located = locate_setup(root, anchors, trainer_functions(node))
         if located is None:  # the analysis already reported why
             return
         block, index = located

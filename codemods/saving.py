@@ -16,6 +16,7 @@ from accelify.plan import Plan
 from .base import AccelifyCodemod
 
 _TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
+_TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
 
 
 class Saving(AccelifyCodemod):
@@ -56,6 +57,9 @@ class Saving(AccelifyCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         self._taint = EarlyStops(self, self.plan, node, [], [])
         self._saved: set[int] = set()  # saves rewritten with a barrier before them
+        # Lines of `torch.load` calls: a file saved by the main process is read back by every
+        # process only once it is written.
+        self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if qualified_names(self, c.func) & _TORCH_LOAD]  # type: ignore[arg-type]
 
     def _per_process(self, node: cst.CSTNode) -> bool:
         return self._taint.guarded_by(node) is not None
@@ -128,11 +132,13 @@ class Saving(AccelifyCodemod):
             # check, or under a test each process decides on its own (`if val_acc > best:`).
             return save.with_changes(leading_lines=updated_node.leading_lines)
         self._saved.add(id(original_node))
+        wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")
+        # A later `torch.load` may read this file back: every process waits until it is written.
+        after = [wait] if any(line > self.line_of(original_node)[0] for line in self._loads) else []
         if self._follows_a_save(original_node):
             # `save(G); save(D)`: the barrier before the first one covers both
-            return save.with_changes(leading_lines=updated_node.leading_lines)
-        wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")
-        return cst.FlattenSentinel([wait.with_changes(leading_lines=updated_node.leading_lines), save])
+            return cst.FlattenSentinel([save.with_changes(leading_lines=updated_node.leading_lines), *after])
+        return cst.FlattenSentinel([wait.with_changes(leading_lines=updated_node.leading_lines), save, *after])
 
     def _follows_a_save(self, node: cst.SimpleStatementLine) -> bool:
         block = self.get_metadata(ParentNodeProvider, node, None)

@@ -55,6 +55,8 @@ RUNNABLE = {
     "helpers_without_device": Expect(evals=("Test set",)),
     "nested_batch_chunks": Expect(),
     "list_metrics": Expect(evals=("Test set",)),
+    "reload_for_test": Expect(evals=("Test set",), saves=("model.pth",)),
+    "dict_batch_metrics": Expect(evals=("Test set",)),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).

@@ -32,26 +32,82 @@ def test_labels_read_through_an_intermediate_value_are_gathered_with_the_outputs
     assert_stable(result.output)
 
 
-def test_labels_accelify_cannot_follow_mean_no_gather_and_a_finding() -> None:
+def test_labels_computed_from_the_batch_are_gathered_with_the_outputs() -> None:
     # `y` comes from a call on the batch: gathering `out` alone would pair every process's
     # outputs with this process's labels (a size mismatch with two processes).
     source = SCRIPT.replace("        x, y = batch\n", "        x, y = unpack(batch[0]), unpack(batch[1])\n")
     result = convert(source)
-    assert result.output == source  # metrics per shard would be wrong: the whole file stays as it is
-    findings = [f for f in result.findings if f.code == "ACC114"]
-    assert findings and "derived from the batch" in findings[0].message
+    assert "        out, y = accelerator.gather_for_metrics((out, y))\n        mse = criterion(out, y)\n" in result.output
+    assert_stable(result.output)
 
 
-def test_parts_of_an_output_object_or_a_batch_dict_are_not_gathered_whole() -> None:
-    # `outputs.logits`: gathering `outputs` would fail on a dataclass or namespace output and send
-    # every input of a batch dict; accelify refuses rather than gathering whole objects.
+def test_parts_of_an_output_object_are_gathered_not_the_object() -> None:
+    # `out.logits`: gathering `out` would fail on a dataclass or namespace output; the part the
+    # metric reads is gathered, right before the first statement that is no longer per sample.
     source = SCRIPT.replace("        out = model(x)\n", "        out = model(x)\n        logits = out.logits\n")
     source = source.replace("mse = criterion(out, y)", "mse = criterion(logits, y)")
-    assert "out.logits" in source
+    output = convert(source).output
+    assert "        logits = out.logits\n        logits, y = accelerator.gather_for_metrics((logits, y))\n" in output
+    assert "gather_for_metrics((out" not in output
+    assert_stable(output)
+
+
+def test_a_part_of_a_batch_dict_is_gathered_under_the_keyword_it_is_passed_as() -> None:
+    # The Hugging Face course's loop, as the Accelerate docs convert it: never the whole batch dict.
+    source = SCRIPT.replace(
+        "        x, y = batch\n        out = model(x)\n        mse = criterion(out, y)\n        total += mse.item()\n",
+        "        outputs = model(**batch)\n        logits = outputs.logits\n"
+        "        predictions = torch.argmax(logits, dim=-1)\n"
+        "        metric.add_batch(predictions=predictions, references=batch[\"labels\"])\n",
+    )
+    assert "add_batch" in source
+    output = convert(source).output
+    assert (
+        "        predictions, references = accelerator.gather_for_metrics((predictions, batch[\"labels\"]))\n"
+        "        metric.add_batch(predictions=predictions, references=references)\n"
+    ) in output
+    assert_stable(output)
+
+
+def test_an_object_read_whole_and_in_parts_is_refused() -> None:
+    source = SCRIPT.replace("        total += mse.item()\n", "        total += mse.item()\n        seen.append(out)\n")
+    source = source.replace("mse = criterion(out, y)", "mse = criterion(out.logits, y)")
     result = convert(source)
     assert result.output == source
     finding = next(f for f in result.findings if f.code == "ACC114")
-    assert "`out.logits`" in finding.message
+    assert "`out` whole and a part of it (`out.logits`)" in finding.message
+
+
+def test_a_model_call_inside_the_metric_is_gathered_with_the_labels() -> None:
+    source = SCRIPT.replace(
+        "        out = model(x)\n        mse = criterion(out, y)\n        total += mse.item()\n",
+        "        total += (model(x).argmax(1) == y).sum().item()\n",
+    )
+    output = convert(source).output
+    assert (
+        "        outputs, y = accelerator.gather_for_metrics((model(x), y))\n"
+        "        total += (outputs.argmax(1) == y).sum().item()\n"
+    ) in output
+    assert_stable(output)
+
+
+def test_a_metric_over_the_batch_before_the_model_runs_is_refused() -> None:
+    source = SCRIPT.replace("        out = model(x)\n", "        total += y.size(0)\n        out = model(x)\n")
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC114")
+    assert "before the model's outputs exist" in finding.message
+
+
+def test_metrics_with_no_model_output_to_gather_are_refused_not_left_per_process() -> None:
+    source = SCRIPT.replace(
+        "        out = model(x)\n        mse = criterion(out, y)\n        total += mse.item()\n",
+        "        total += score(model, x, y)\n",
+    )
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC114")
+    assert "no `output = model(...)` line" in finding.message
 
 
 def test_an_output_taken_through_a_method_of_the_model_call_is_gathered() -> None:
