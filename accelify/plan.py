@@ -757,14 +757,16 @@ class _Analyzer(cst.CSTVisitor):
         } | {  # a model bound again after training is a plain model too
             id(n) for stmt in after[first_rebinding:] for n in m.findall(stmt, m.Attribute())
         }
+        from accelify.codemods.unwrap import model_attribute, why_not_unwrapped
+
         reported: set[tuple[Optional[str], str, str]] = set()
         for node in m.findall(self._module, m.Attribute()):
+            if id(node) in before or not model_attribute(self, node, plan):  # type: ignore[arg-type]
+                continue
+            why = why_not_unwrapped(self, node, plan, self._trainers)  # type: ignore[arg-type]
+            if why is None:
+                continue  # ACC016 reads it through `accelerator.unwrap_model(...)`
             attr = node.attr.value  # type: ignore[attr-defined]
-            if attr in _MODULE_API or id(node) in before:
-                continue
-            ref = ref_of(self, node.value)  # type: ignore[attr-defined]
-            if ref not in plan.flow["model"]:
-                continue
             key = key_at(self, node)
             model = code_of(node.value)  # type: ignore[attr-defined]
             if (key, model, attr) in reported:
@@ -773,11 +775,10 @@ class _Analyzer(cst.CSTVisitor):
             accelerator = plan.accelerator_in(key) or plan.accelerator
             self.finding(
                 node, "ACC120",
-                f"`{model}.{attr}` is the model's own attribute: in a multi-process run `prepare` returns a "
-                "DistributedDataParallel wrapper without it (AttributeError, or an attribute set on the wrapper). "
-                "File not converted.",
-                f"use `{accelerator}.unwrap_model({model}).{attr}` outside the training step, or make it part of "
-                "`forward`.",
+                f"`{model}.{attr}` is the model's own attribute, and {why}: in a multi-process run `prepare` "
+                "returns a DistributedDataParallel wrapper without it. File not converted.",
+                f"use `{accelerator}.unwrap_model({model}).{attr}` outside the training step (under "
+                "`torch.no_grad()`, at evaluation), or make it part of `forward`.",
             )
         return bool(reported)
 
@@ -1328,7 +1329,7 @@ _SCHEDULER_NAME = re.compile(r"sched|lr|warmup|decay|anneal|cycl|plateau", re.I)
 
 # What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
 # the wrapper's own (ACC006 rewrites it).
-_MODULE_API = frozenset({
+MODULE_API = frozenset({
     "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "eval",
     "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
     "load_state_dict", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",

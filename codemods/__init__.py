@@ -16,11 +16,13 @@ from .device import RemoveDevice
 from .gather import GatherForMetrics
 from .loading import Loading
 from .main_process import MainProcessOutput
+from .main_process_files import MainProcessFiles
 from .mixed_precision import MixedPrecision
 from .placement import RemovePlacement
 from .prepare import Prepare
 from .saving import Saving
 from .seeding import Seeding
+from .unwrap import UnwrapModelAttributes
 
 # The order matters:
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
@@ -34,14 +36,16 @@ from .seeding import Seeding
 #    which backward then routes through the accelerator; clipping, saving and metric gathering
 #    are independent (gathering after device, whose renamed parameter it may use); loading after
 #    prepare, whose statement it compares with, and after saving, whose rewrite it must see;
+#    model attributes (unwrap_model) after prepare, whose statement marks where the model is wrapped;
+#    file writes put under `is_main_process` before the Accelerator is placed (they use it);
 # 5. the Accelerator near the end: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     RemovePlacement, DataParallel, RemoveDevice, AcceleratorParameter, Prepare, GradientAccumulation,
-    MixedPrecision, Backward, Clipping, Saving, Loading, GatherForMetrics, Seeding, AddAccelerator,
-    MainProcessOutput,
+    MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics, MainProcessFiles,
+    Seeding, AddAccelerator, MainProcessOutput,
 )
 
 

@@ -57,9 +57,43 @@ class Saving(AccelifyCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         self._taint = EarlyStops(self, self.plan, node, [], [])
         self._saved: set[int] = set()  # saves rewritten with a barrier before them
+        self._states = self._checkpoint_states(node)
         # Lines of `torch.load` calls: a file saved by the main process is read back by every
         # process only once it is written.
         self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if qualified_names(self, c.func) & _TORCH_LOAD]  # type: ignore[arg-type]
+
+    def _checkpoint_states(self, module: cst.Module) -> set[int]:
+        """``model.state_dict()`` calls inside a dict that ``torch.save`` writes (directly, or through
+        the name it is bound to): they are saved from the unwrapped model."""
+        dicts: list[cst.Dict] = []
+        for call in m.findall(module, m.Call()):
+            if not qualified_names(self, call.func) & _TORCH_SAVE or not call.args:  # type: ignore[attr-defined]
+                continue
+            first = call.args[0].value  # type: ignore[attr-defined]
+            if isinstance(first, cst.Dict):
+                dicts.append(first)
+            elif isinstance(first, cst.Name):
+                scope = self.get_metadata(ScopeProvider, first, None)
+                for assignment in scope[first.value] if scope is not None else ():
+                    if not isinstance(assignment, Assignment) or not isinstance(assignment.node, cst.Name):
+                        continue
+                    assign = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, assignment.node, None), None)
+                    if isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Dict):
+                        dicts.append(assign.value)
+        return {
+            id(c) for d in dicts for c in m.findall(d, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
+            if ref_of(self, c.func.value) in self.plan.flow["model"]  # type: ignore[attr-defined]
+        }
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) not in self._states:
+            return updated_node
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            return updated_node
+        model = cst.Module(body=[]).code_for_node(updated_node.func.value)  # type: ignore[attr-defined]
+        self.change(original_node, f"checkpoint holds `{accelerator}.unwrap_model({model}).state_dict()`")
+        return cst.parse_expression(f"{accelerator}.unwrap_model({model}).state_dict()")
 
     def _per_process(self, node: cst.CSTNode) -> bool:
         return self._taint.guarded_by(node) is not None
@@ -110,21 +144,42 @@ class Saving(AccelifyCodemod):
         whole = ref_of(self, call.args[0].value) in self.plan.flow["model"]
         if whole:  # torch.save(model, path): pickle the plain model, once
             model = cst.Module(body=[]).code_for_node(call.args[0].value)
-        if model is None:
-            if self._training_state(call.args[0].value):
+        state = model is None and self._training_state(call.args[0].value)
+        if model is None and not state:
+            return updated
+        if accelerator is None:
+            if state:
                 self.finding(
-                    call, "ACC111", "a checkpoint of the whole training state is saved with `torch.save`; left as it is.",
-                    "use `accelerator.save_state(output_dir)` and `accelerator.load_state(output_dir)`: they "
-                    "save every prepared object (model, optimizer, scheduler, RNG) for any launch.",
+                    call, "ACC111", "a checkpoint of the whole training state is saved with `torch.save` in code "
+                    "that cannot reach the Accelerator: left as it is, every process writes it.",
+                    "pass the accelerator here and save with `accelerator.save(...)`, or use "
+                    "`accelerator.save_state(output_dir)` / `accelerator.load_state(output_dir)`.",
                 )
             return updated
-        # accelerator.save(obj, f) takes the path and nothing else (no pickle options).
+        if state:
+            self.finding(
+                call, "ACC111", "a checkpoint of the whole training state: saved once with `accelerator.save`, the "
+                "models in it unwrapped; that is right for one device or DDP, not for sharded training.",
+                "for FSDP or DeepSpeed use `accelerator.save_state(output_dir)` and "
+                "`accelerator.load_state(output_dir)`: they save every prepared object (model, optimizer, "
+                "scheduler, RNG) for any launch.",
+            )
+        first = updated_node.body[0].value.args[0].value  # type: ignore[attr-defined]
+        if not state:
+            first = cst.parse_expression(f"{accelerator}.unwrap_model({model})" + ("" if whole else ".state_dict()"))
+        saved = cst.Module(body=[]).code_for_node(first)
+        # accelerator.save(obj, f) takes the path and nothing else (no pickle options): other
+        # calls keep torch.save, on the main process only.
         path_arg = call.args[1] if len(call.args) == 2 else None
-        if accelerator is None or path_arg is None or (path_arg.keyword is not None and path_arg.keyword.value != "f"):
-            return updated
-        path = cst.Module(body=[]).code_for_node(updated_node.body[0].value.args[1].value)  # type: ignore[attr-defined]
-        state = "" if whole else ".state_dict()"
-        save = self.parse_statement(f"{accelerator}.save({accelerator}.unwrap_model({model}){state}, {path})\n")
+        if path_arg is not None and (path_arg.keyword is None or path_arg.keyword.value == "f"):
+            path = cst.Module(body=[]).code_for_node(updated_node.body[0].value.args[1].value)  # type: ignore[attr-defined]
+            save = self.parse_statement(f"{accelerator}.save({saved}, {path})\n")
+        else:
+            args = list(updated_node.body[0].value.args)  # type: ignore[attr-defined]
+            args[0] = args[0].with_changes(value=first)
+            torch_call = cst.Module(body=[]).code_for_node(updated_node.body[0].value.with_changes(args=args))  # type: ignore[attr-defined]
+            guarded = under_main_process_check(self, original_node)
+            save = self.parse_statement(torch_call + "\n" if guarded else f"if {accelerator}.is_main_process:\n    {torch_call}\n")
         RemoveImportsVisitor.remove_unused_import_by_node(self.context, call.func)
         self.change(original_node, "saved once, from the unwrapped model, after every process is done")
         if under_main_process_check(self, original_node) or self._per_process(original_node):

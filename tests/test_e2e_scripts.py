@@ -57,6 +57,7 @@ RUNNABLE = {
     "list_metrics": Expect(evals=("Test set",)),
     "reload_for_test": Expect(evals=("Test set",), saves=("model.pth",)),
     "dict_batch_metrics": Expect(evals=("Test set",)),
+    "vae_sampling": Expect(saves=("sampled-0.pt", "sampled-1.pt")),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).

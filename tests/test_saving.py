@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import FIXTURES, convert
+from conftest import FIXTURES, assert_stable, convert
 
 
 def test_no_barrier_under_a_per_process_decision() -> None:
@@ -33,13 +33,34 @@ torch.save(net, "model.pth")
 
 def test_a_whole_model_is_saved_unwrapped_once() -> None:
     output = convert(SAVES).output
-    assert 'accelerator.wait_for_everyone()\naccelerator.save(accelerator.unwrap_model(net), "model.pth")\n' in output
+    assert 'accelerator.save(accelerator.unwrap_model(net), "model.pth")\n' in output
+    assert "torch.save(" not in output
 
 
-def test_a_checkpoint_dict_bound_to_a_name_is_reported() -> None:
+def test_a_checkpoint_dict_bound_to_a_name_is_saved_once_with_the_unwrapped_model() -> None:
+    # Left as torch.save, every process wrote it, with `module.` keys under DDP.
     result = convert(SAVES)
-    assert 'torch.save(state, "ckpt.pth")' in result.output
-    assert [(f.code, f.line) for f in result.findings] == [("ACC111", 12)]
+    assert 'state = {"net": accelerator.unwrap_model(net).state_dict(), "acc": 0.5, "epoch": 3}\n' in result.output
+    assert 'accelerator.wait_for_everyone()\naccelerator.save(state, "ckpt.pth")\n' in result.output
+    # ...and reported: a sharded launch needs save_state.
+    finding = next(f for f in result.findings if f.code == "ACC111")
+    assert finding.line == 12 and "save_state" in finding.suggestion
+    assert_stable(result.output)
+
+
+def test_a_save_with_options_accelerator_save_lacks_runs_on_the_main_process() -> None:
+    source = SAVES.replace('torch.save(net, "model.pth")', 'torch.save(net.state_dict(), "w.pth", pickle_protocol=4)')
+    output = convert(source).output
+    assert (
+        "if accelerator.is_main_process:\n"
+        '    torch.save(accelerator.unwrap_model(net).state_dict(), "w.pth", pickle_protocol=4)\n'
+    ) in output
+
+
+def test_a_file_read_back_after_the_save_waits_for_it() -> None:
+    source = SAVES + 'net.load_state_dict(torch.load("model.pth"))\n'
+    output = convert(source).output
+    assert 'accelerator.save(accelerator.unwrap_model(net), "model.pth")\naccelerator.wait_for_everyone()\n' in output
 
 
 def test_back_to_back_saves_share_one_barrier() -> None:
@@ -47,6 +68,7 @@ def test_back_to_back_saves_share_one_barrier() -> None:
     output = convert(source).output
     assert output.count("accelerator.wait_for_everyone()") == 1
     assert output.endswith(
-        'accelerator.wait_for_everyone()\naccelerator.save(accelerator.unwrap_model(net), "model.pth")\n'
+        'accelerator.wait_for_everyone()\naccelerator.save(state, "ckpt.pth")\n'
+        'accelerator.save(accelerator.unwrap_model(net), "model.pth")\n'
         'accelerator.save(accelerator.unwrap_model(net).state_dict(), "weights.pth")\n'
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import convert
+from conftest import assert_stable, convert
 
 SCRIPT = """\
 import torch
@@ -57,13 +57,35 @@ def _reported(source: str) -> list[tuple[int, str]]:
     return [(f.line, f.message.split("`")[1]) for f in convert(source).findings if f.code == "ACC120"]
 
 
-def test_attributes_after_prepare_are_reported_and_the_module_api_is_not() -> None:
-    # model.train()/eval()/parameters() exist on the wrapper; model.config before prepare is the plain model's
-    assert _reported(SCRIPT) == [(7, "model.generate"), (7, "model.config"), (23, "model.config")]
-    finding = next(f for f in convert(SCRIPT).findings if f.code == "ACC120")
-    assert "accelerator.unwrap_model(model).generate" in finding.suggestion
-    # With two processes the wrapper raises AttributeError there: the file is left as it is.
-    assert convert(SCRIPT).output == SCRIPT
+def test_attributes_after_prepare_are_read_through_unwrap_model_and_the_module_api_is_not() -> None:
+    # With two processes the wrapper raises AttributeError on `model.generate`/`model.config`;
+    # model.train()/eval()/parameters() exist on the wrapper; model.config before prepare is the plain model's.
+    result = convert(SCRIPT)
+    assert _reported(SCRIPT) == []
+    assert (
+        "        out = accelerator.unwrap_model(model).generate(batch, "
+        "max_length=accelerator.unwrap_model(model).config.max_length)\n"
+    ) in result.output
+    assert "accelerator.print(accelerator.unwrap_model(model).config.name)\n" in result.output
+    assert "\nmodel.config.dropout = 0.1\n" in result.output
+    assert "model.train()\n" in result.output and "\nmodel.eval()\n" in result.output
+    assert_stable(result.output)
+
+
+def test_a_method_of_the_model_called_in_the_training_step_is_refused() -> None:
+    # Run around its DDP wrapper there, the model would skip the gradient synchronisation.
+    source = SCRIPT.replace("    loss = model(x, y)\n", "    loss = model.compute_loss(x, y)\n")
+    assert _reported(source) == [(17, "model.compute_loss")]
+    finding = next(f for f in convert(source).findings if f.code == "ACC120")
+    assert "training step" in finding.message
+    assert "accelerator.unwrap_model(model).compute_loss" in finding.suggestion
+    assert convert(source).output == source
+
+
+def test_a_method_called_under_no_grad_in_the_training_loop_is_unwrapped() -> None:
+    source = SCRIPT.replace("    optimizer.zero_grad()\n", "    optimizer.zero_grad()\n    with torch.no_grad():\n        sample = model.decode(z)\n")
+    output = convert(source).output
+    assert "        sample = accelerator.unwrap_model(model).decode(z)\n" in output
 
 
 def test_class_trainer_methods_after_init_are_reported() -> None:

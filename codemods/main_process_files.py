@@ -1,0 +1,144 @@
+"""ACC017: files written once, on the main process; directories created without a race."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from accelify.analysis import qualified_names, under_main_process_check
+from accelify.plan import Plan
+
+from .base import AccelifyCodemod
+
+# Calls that write a file whose name does not depend on the process: N processes would write it N
+# times at once (a torn or interleaved file), each from its own shard.
+WRITERS = frozenset({
+    "torch.save", "torch.serialization.save",  # what ACC009 does not save with `accelerator.save`
+    "torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save", "numpy.savetxt", "numpy.savez",
+    "numpy.savez_compressed",
+})
+_MAKEDIRS = frozenset({"os.makedirs"})
+_MKDIR = frozenset({"os.makedirs", "os.mkdir"})
+_EXISTS = frozenset({"os.path.exists", "os.path.isdir"})
+
+
+class MainProcessFiles(AccelifyCodemod):
+    """Sample images and other files are written by the main process; directories are made race-free.
+
+    Every process runs the whole script: a ``save_image`` would write the same file once
+    per process, at the same time.  ``if not os.path.exists(d): os.makedirs(d)`` races (two
+    processes see no directory, the second ``makedirs`` fails): ``exist_ok=True`` does not.
+
+    Before::
+
+        import os
+
+        import torch
+        from torchvision.utils import save_image
+
+        if not os.path.exists("samples"):
+            os.makedirs("samples")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            save_image(model.sample(), f"samples/{epoch}.png")
+
+    After::
+
+        import os
+
+        import torch
+        from torchvision.utils import save_image
+
+        os.makedirs("samples", exist_ok=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            if accelerator.is_main_process:
+                save_image(model.sample(), f"samples/{epoch}.png")
+    """
+
+    CODE = "ACC017"
+    NAME = "main-process-files"
+    DESCRIPTION = "save_image/savefig/np.save on the main process only; os.makedirs(..., exist_ok=True) instead of a racing check."
+    REQUIRES = frozenset({"ACC001"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "save" in code or "mkdir" in code or "makedirs" in code
+
+    def _writer(self, stmt: cst.CSTNode) -> bool:
+        return m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])) and bool(
+            qualified_names(self, stmt.body[0].value.func) & WRITERS  # type: ignore[attr-defined]
+        )
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
+        updated = super().leave_SimpleStatementLine(original_node, updated_node)
+        if self._writer(original_node) and not under_main_process_check(self, original_node):
+            accelerator = self.accelerator_at(original_node)
+            if accelerator is None:
+                return updated
+            self.change(original_node, "written once, by the main process")
+            guard = self.parse_statement(f"if {accelerator}.is_main_process:\n    pass\n")
+            body = guard.body.with_changes(body=[updated_node.with_changes(leading_lines=[])])  # type: ignore[union-attr]
+            return guard.with_changes(body=body, leading_lines=updated_node.leading_lines)
+        made = self._makedirs(original_node)
+        if made is not None and not self._in_try(original_node) and not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in made.args):
+            self.change(original_node, "`os.makedirs(..., exist_ok=True)`: every process may create it")
+            return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=self._exist_ok(made))])
+        return updated
+
+    def _in_try(self, node: cst.CSTNode) -> bool:
+        """``try: os.makedirs(d) except OSError: pass`` is already safe."""
+        current = self.get_metadata(ParentNodeProvider, node, None)
+        while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
+            if isinstance(current, cst.Try):
+                return True
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return False
+
+    def _makedirs(self, stmt: cst.CSTNode) -> Optional[cst.Call]:
+        if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])):
+            return None
+        call = stmt.body[0].value  # type: ignore[attr-defined]
+        return call if qualified_names(self, call.func) & _MAKEDIRS and len(call.args) == 1 else None
+
+    def _exist_ok(self, call: cst.Call) -> cst.Call:
+        path = call.args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        exist_ok = cst.Arg(cst.Name("True"), keyword=cst.Name("exist_ok"),
+                           equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        return call.with_changes(args=[path, exist_ok])
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Union[cst.BaseStatement, cst.If]:
+        """``if not os.path.exists(d): os.makedirs(d)`` -> ``os.makedirs(d, exist_ok=True)``."""
+        updated = super().leave_If(original_node, updated_node)
+        if updated is not updated_node or original_node.orelse is not None:
+            return updated
+        test = original_node.test
+        if not (isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+                and isinstance(test.expression, cst.Call) and len(test.expression.args) == 1
+                and qualified_names(self, test.expression.func) & _EXISTS):
+            return updated
+        body = original_node.body
+        if not (isinstance(body, cst.IndentedBlock) and len(body.body) == 1
+                and m.matches(body.body[0], m.SimpleStatementLine(body=[m.Expr(m.Call())]))):
+            return updated
+        call = body.body[0].body[0].value  # type: ignore[attr-defined]
+        if not (qualified_names(self, call.func) & _MKDIR and len(call.args) == 1):
+            return updated
+        checked = cst.Module(body=[]).code_for_node(test.expression.args[0].value)
+        if cst.Module(body=[]).code_for_node(call.args[0].value) != checked or body.body[0].leading_lines:
+            return updated
+        if not self._os_imported(original_node):
+            return updated
+        self.change(original_node, "`os.makedirs(..., exist_ok=True)`: a check then a create races between processes")
+        made = self.parse_statement(f"os.makedirs({checked}, exist_ok=True)\n")
+        return made.with_changes(leading_lines=original_node.leading_lines)
+
+    def _os_imported(self, node: cst.CSTNode) -> bool:
+        """``os.makedirs`` spelled as the file spells ``os``."""
+        func = node.test.expression.func  # type: ignore[attr-defined]
+        return m.matches(func, m.Attribute(value=m.Attribute(value=m.Name("os"), attr=m.Name("path"))))
