@@ -10,9 +10,10 @@ FINDINGS: dict[str, str] = {
     "ACC100": "The name `accelerator` (or `self.accelerator`) is already bound to something else: file left unchanged.",
     "ACC102": "The device is forced to the CPU, or chosen per rank or index: file left unchanged.",
     "ACC103": "The device variable is assigned more than once: file left unchanged.",
-    "ACC104": "The training objects are not built in one block, one of them is bound only under a condition (or "
-    "can be None), or training runs before the last of them is bound (a model bound again after training): file "
-    "left unchanged. A look at a batch before the model is built does not count.",
+    "ACC104": "The training objects are not built in one block, one of them is bound only under a condition (or can "
+    "be None), or bound again after training starts and trained again (or a dataloader or optimizer bound again): "
+    "file left unchanged. A look at a batch before the model is built does not count; a model built again after "
+    "training to reload a checkpoint is converted (a plain model on `accelerator.device`).",
     "ACC105": "`scaler.scale(loss).backward()`: left as it is, `accelerator.backward` would scale the loss twice.",
     "ACC106": "`.backward()` in code that cannot reach the Accelerator (a module others import, a helper called "
     "from elsewhere): file left unchanged (with `--select`: that backward left as it is).",
@@ -23,15 +24,17 @@ FINDINGS: dict[str, str] = {
     "DataParallel wrapper is removed: file left unchanged.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: file left unchanged (it would clip "
     "still-scaled gradients under mixed precision).",
-    "ACC111": "A checkpoint of the whole training state saved with `torch.save`: left as it is; "
-    "`accelerator.save_state`/`load_state` save every prepared object.",
+    "ACC111": "A checkpoint of the whole training state saved with `torch.save`: saved once with `accelerator.save`, "
+    "the models in it unwrapped (right for one device or DDP); reported: `accelerator.save_state`/`load_state` "
+    "also cover sharded training. In code that cannot reach the Accelerator: left as it is, reported.",
     "ACC112": "Mixed precision that cannot be mapped (switched by different `enabled=` flags or in some places only, "
     "a scaler saved or passed around, float16 and bfloat16 mixed): left as it is.",
     "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
     "reported, it would decay N times too slowly with N processes.",
     "ACC114": "Evaluation metrics over a prepared dataloader that accelify cannot gather (code that cannot reach "
-    "the Accelerator, labels it cannot follow, parts of an output object or batch dict): each process would count "
-    "its own shard only; file left unchanged.",
+    "the Accelerator, no `output = model(...)` to gather, a metric before the model runs, an output read whole and "
+    "in parts, gathered values also used by other code): each process would count its own shard only; file left "
+    "unchanged.",
     "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
     "would hang; reported.",
@@ -42,9 +45,9 @@ FINDINGS: dict[str, str] = {
     "ACC119": "A `break`/`return` out of the training loop decided by a value each process computes from its own "
     "shard (a validation loss, a batch loss): processes would stop at different steps; reported "
     "(`accelerator.set_trigger()` + `accelerator.check_trigger()`).",
-    "ACC120": "An attribute of the model itself (`model.generate(...)`, `model.config`) used after `prepare`: the "
-    "DistributedDataParallel wrapper of a multi-process run does not have it (AttributeError); file left unchanged "
-    "(`accelerator.unwrap_model(model)`).",
+    "ACC120": "A method of the model itself (`model.encode(...)`) called in the training step after `prepare`: "
+    "the DistributedDataParallel wrapper of a multi-process run does not have it, and the plain model would skip "
+    "its gradient synchronisation; file left unchanged. Elsewhere ACC016 uses `accelerator.unwrap_model(model)`.",
     "ACC121": "No DataLoader and no device in the script: `prepare` would move the model to the accelerator and "
     "leave hand-made data on the CPU; file left unchanged.",
     "ACC122": "A scheduler stepped both once per batch and outside the batch loop: no `prepare` choice keeps its "
@@ -57,4 +60,7 @@ FINDINGS: dict[str, str] = {
     "from a factory): file left unchanged.",
     "ACC126": "A script that manages its own processes (`init_process_group`, `DistributedDataParallel`, "
     "`mp.spawn`): not converted yet (half a conversion would wrap the model twice); file left unchanged.",
+    "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
+    "that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "
+    "`with accelerator.main_process_first():`).",
 }

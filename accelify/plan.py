@@ -1287,6 +1287,9 @@ class _Analyzer(cst.CSTVisitor):
         # model on `accelerator.device`; anything else bound again, or training after it, would
         # run on unprepared objects.
         after = block.body[index:]
+        # `model = train(model, ...)`: the first statement that trains hands the trained model back
+        start = next((i for i, stmt in enumerate(after) if trains(stmt, self._trainers, frozenset(names))), None)
+        after = [stmt for i, stmt in enumerate(after) if i != start]
         rebound = [n for n in names if any(binds(stmt, {n}) for stmt in after)]
         if not rebound:
             return True

@@ -11,7 +11,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import RawFinding, binds, key_at, locate_setup, scope_key, scope_root, trainer_functions
+from accelify.analysis import RawFinding, binds, key_at, locate_setup, scope_key, scope_root, trainer_functions, trains
 from accelify.plan import Plan
 from accelify.report import Change
 
@@ -136,7 +136,10 @@ class AccelifyCodemod(cst.CSTTransformer):
             return set()
         block, index = located
         after = list(block.body[index:])
-        first = next((i for i, s in enumerate(after) if binds(s, set(self.plan.rebound_models))), len(after))
+        trainers = trainer_functions(module)
+        start = next((i for i, s in enumerate(after) if trains(s, trainers, frozenset(self.plan.core()))), None)
+        # `model = train(model)` hands the trained model back: not a new one
+        first = next((i for i, s in enumerate(after) if i != start and binds(s, set(self.plan.rebound_models))), len(after))
         return {id(s) for s in after[first:]}
 
     def inside(self, node: cst.CSTNode, statements: set[int]) -> bool:

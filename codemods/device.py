@@ -167,6 +167,11 @@ class RemoveDevice(AccelifyCodemod):
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
+        if (m.matches(original_node, m.SimpleStatementLine(body=[m.Expr(m.Name())]))
+                and ref_of(self, original_node.body[0].value) in self._devices):  # type: ignore[attr-defined]
+            # `device` alone on a line: a notebook cell showing the device it made
+            self.change(original_node, "device display removed: the Accelerator picks the device")
+            return self.remove(updated)
         if self._is_device_assignment(original_node):
             if self._in_device_if(original_node):
                 return updated  # the whole `if`/`else` is replaced in leave_If

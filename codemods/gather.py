@@ -144,6 +144,19 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
     gathered = sorted((n for n in derived & needed if defined_at.get(n, len(rows)) < at),
                       key=lambda n: (defined_at[n] < call_at, order(n)))
+    # Gathered values grow N-fold: code other than the metrics that reads them (`recon.view(batch_size, ...)`
+    # to save a sample image) would get a batch of another shape.
+    for s in _outermost(later):
+        inner = simple_assign(s)
+        if _metric(s) or (inner is not None and {n for t in inner.targets for n in assigned_names(t.target)} & needed):
+            continue
+        if m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Name("print")))])):
+            continue
+        used = sorted(_reads(s) & set(gathered))
+        if used:
+            what = ", ".join(f"`{n}`" for n in used)
+            return (f"the values they read ({what}) are also used by code that is not a metric; gathered, they would "
+                    "hold every process's samples there too (another shape)")
     names: list[str] = []
     values: list[str] = []
     replace: dict[int, str] = {}

@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import qualified_names, under_main_process_check
+from accelify.analysis import qualified_names, string_value, under_main_process_check
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
@@ -23,6 +23,11 @@ WRITERS = frozenset({
 _MAKEDIRS = frozenset({"os.makedirs"})
 _MKDIR = frozenset({"os.makedirs", "os.mkdir"})
 _EXISTS = frozenset({"os.path.exists", "os.path.isdir"})
+# Left to the user (ACC127): what they write depends on the process, or they set up state.
+_LOGGERS = frozenset({
+    "torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
+    "tensorboardX.SummaryWriter", "wandb.init", "mlflow.start_run",
+})
 
 
 class MainProcessFiles(AccelifyCodemod):
@@ -66,7 +71,7 @@ class MainProcessFiles(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "save" in code or "mkdir" in code or "makedirs" in code
+        return any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run"))
 
     def _writer(self, stmt: cst.CSTNode) -> bool:
         return m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])) and bool(
@@ -82,14 +87,63 @@ class MainProcessFiles(AccelifyCodemod):
             if accelerator is None:
                 return updated
             self.change(original_node, "written once, by the main process")
-            guard = self.parse_statement(f"if {accelerator}.is_main_process:\n    pass\n")
-            body = guard.body.with_changes(body=[updated_node.with_changes(leading_lines=[])])  # type: ignore[union-attr]
-            return guard.with_changes(body=body, leading_lines=updated_node.leading_lines)
+            self._guard[id(original_node)] = accelerator  # wrapped with its neighbours in edit_body
+            return updated
         made = self._makedirs(original_node)
         if made is not None and not self._in_try(original_node) and not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in made.args):
             self.change(original_node, "`os.makedirs(..., exist_ok=True)`: every process may create it")
             return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=self._exist_ok(made))])
         return updated
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._guard: dict[int, str] = {}  # writer statements -> the accelerator that guards them
+
+    def visit_Call(self, node: cst.Call) -> None:
+        """ACC127: loggers, files opened for writing and downloads every process runs."""
+        if under_main_process_check(self, node):
+            return
+        names = qualified_names(self, node.func)
+        what = None
+        if names & _LOGGERS:
+            what = f"`{cst.Module(body=[]).code_for_node(node.func)}(...)`: every process logs"
+            how = "create it and log under `if accelerator.is_main_process:` (or use `Accelerator(log_with=...)`)"
+        elif names & {"builtins.open", "open"} and len(node.args) > 1 and (mode := string_value(node.args[1].value)) and set(mode) & set("wax"):
+            what = f"a file opened with mode {mode!r}: every process writes it"
+            how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
+        elif any(a.keyword is not None and a.keyword.value == "download" and m.matches(a.value, m.Name("True")) for a in node.args):
+            what = "`download=True`: every process downloads into the same place at once"
+            how = "build the dataset under `with accelerator.main_process_first():`"
+        if what is not None:
+            self.finding(node, "ACC127", f"{what}; left as it is.", how + ".")
+
+    def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Consecutive writes go under one ``if accelerator.is_main_process:``."""
+        if not any(id(s) in self._guard for s in original.body):
+            return body
+        out: list[cst.BaseStatement] = []
+        run: list[cst.BaseStatement] = []
+        accelerator = ""
+
+        def flush() -> None:
+            if run:
+                guard = self.parse_statement(f"if {accelerator}.is_main_process:\n    pass\n")
+                inner = [run[0].with_changes(leading_lines=[]), *run[1:]]
+                out.append(guard.with_changes(body=guard.body.with_changes(body=inner), leading_lines=run[0].leading_lines))  # type: ignore[union-attr]
+                run.clear()
+
+        for before, updated in zip(original.body, body):
+            if id(before) in self._guard and (not run or self._guard[id(before)] == accelerator):
+                accelerator = self._guard[id(before)]
+                run.append(updated)
+                continue
+            flush()
+            if id(before) in self._guard:
+                accelerator = self._guard[id(before)]
+                run.append(updated)
+            else:
+                out.append(updated)
+        flush()
+        return out
 
     def _in_try(self, node: cst.CSTNode) -> bool:
         """``try: os.makedirs(d) except OSError: pass`` is already safe."""

@@ -9,13 +9,13 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
 from accelify.analysis import (
+    BACKWARD,
     has_qname,
     key_at,
     locate_setup,
     ref_of,
     scope_root,
     trainer_functions,
-    trains,
 )
 from accelify.plan import MODULE_API, Plan
 
@@ -66,17 +66,26 @@ def _without_grad(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
 
 
 def _in_training_step(visitor: cst.MetadataDependent, node: cst.CSTNode, trainers: set[str]) -> bool:
-    """Does the innermost loop around ``node`` (or its function, or its top-level statement) train?"""
+    """Does the innermost loop around ``node`` (or its function, or its top-level statement) run a
+    backward itself, not in a loop nested in it? The code of an epoch loop around the batch loop
+    runs between steps (``model.sample()`` after an epoch), not in one."""
     child, current = node, visitor.get_metadata(ParentNodeProvider, node, None)
     while current is not None:
         if isinstance(current, (cst.For, cst.While)) and child is current.body:
-            return trains(current, trainers)
+            return _steps(current.body)
         if isinstance(current, cst.FunctionDef):
-            return trains(current.body, trainers)  # type: ignore[arg-type]
+            return _steps(current.body)
         if isinstance(current, cst.Module):
-            return isinstance(child, cst.BaseStatement) and trains(child, trainers)
+            return isinstance(child, cst.BaseStatement) and _steps(child)
         child, current = current, visitor.get_metadata(ParentNodeProvider, current, None)
     return False
+
+
+def _steps(node: cst.CSTNode) -> bool:
+    """A backward in ``node``, outside the loops nested in it."""
+    nested = {id(n) for loop in m.findall(node, m.For() | m.While()) if loop is not node
+              for n in m.findall(loop, BACKWARD)}
+    return any(id(call) not in nested for call in m.findall(node, BACKWARD))
 
 
 def plain_model_statements(module: cst.Module, plan: Plan, trainers: set[str]) -> list[cst.BaseStatement]:

@@ -122,3 +122,16 @@ def test_metrics_collected_with_extend_alone_are_gathered() -> None:
     assert "        out, y = accelerator.gather_for_metrics((out, y))\n" not in source
     output = convert(source).output
     assert "        out = accelerator.gather_for_metrics(out)\n" in output
+
+
+def test_gathered_values_used_by_other_code_are_refused() -> None:
+    # ex_vae's test loop reshapes the outputs to `batch_size` rows to save a comparison image:
+    # gathered, they would hold every process's rows there (a crash with two processes).
+    source = SCRIPT.replace(
+        "        total += mse.item()\n",
+        "        total += mse.item()\n        if first:\n            save(out.view(8, 1, 28, 28))\n",
+    )
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC114")
+    assert "(`out`) are also used by code that is not a metric" in finding.message

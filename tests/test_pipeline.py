@@ -86,3 +86,33 @@ def test_a_rewrite_that_reads_an_undefined_name_leaves_the_file_unchanged(root, 
     result = pipeline.convert_source(source, "mnist.py", pipeline.Options(select=frozenset({"ACC001", "ACC005"})))
     assert result.error is not None and "undefined accelerator" in result.error
     assert result.output == source
+
+
+def test_a_model_handed_back_by_the_call_that_trains_it_is_not_a_new_model() -> None:
+    # `model = train(model, ...)` (early-stopping examples): prepare goes before it, nothing is refused
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n\n"
+        "def train(model, loader, optimizer):\n"
+        "    for x, y in loader:\n        loss = model(x, y)\n        loss.backward()\n        optimizer.step()\n"
+        "    return model\n\n\n"
+        "loader = DataLoader(make_dataset(), batch_size=8)\nmodel = Net()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel = train(model, loader, optimizer)\n"
+    )
+    result = convert(source)
+    assert not [f for f in result.findings if f.code == "ACC104"]
+    assert (
+        "loader, model, optimizer = accelerator.prepare(loader, model, optimizer)\n\nmodel = train(model, loader, optimizer)\n"
+        in result.output
+    )
+
+
+def test_a_notebook_line_showing_the_device_goes_with_the_device() -> None:
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n"
+        "device = torch.device(\"cuda\") if torch.cuda.is_available() else torch.device(\"cpu\")\ndevice\n"
+        "loader = DataLoader(make_dataset(), batch_size=8)\nmodel = Net().to(device)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n    loss = model(x.to(device), y.to(device))\n    loss.backward()\n    optimizer.step()\n"
+    )
+    output = convert(source).output
+    assert "\ndevice\n" not in output and "\naccelerator.device\n" not in output
