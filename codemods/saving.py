@@ -58,6 +58,7 @@ class Saving(AccelifyCodemod):
         self._taint = EarlyStops(self, self.plan, node, [], [])
         self._saved: set[int] = set()  # saves rewritten with a barrier before them
         self._states = self._checkpoint_states(node)
+        self._unsynced = False  # a save no barrier follows: the next load must wait for it
         # Lines of `torch.load` calls: a file saved by the main process is read back by every
         # process only once it is written.
         self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if qualified_names(self, c.func) & _TORCH_LOAD]  # type: ignore[arg-type]
@@ -134,6 +135,16 @@ class Saving(AccelifyCodemod):
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
+        if self._unsynced and any(qualified_names(self, c.func) & _TORCH_LOAD for c in m.findall(original_node, m.Call())):  # type: ignore[attr-defined]
+            accelerator = self.accelerator_at(original_node)
+            if accelerator is not None and not under_main_process_check(self, original_node) and not self._per_process(original_node):
+                # A file saved under a test (`if acc > best:`) may still be being written by the main
+                # process: every process waits for it before reading it back.
+                self._unsynced = False
+                wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")
+                self.change(original_node, "every process waits for the main process's save before loading")
+                return cst.FlattenSentinel([wait.with_changes(leading_lines=updated.leading_lines),
+                                            updated.with_changes(leading_lines=[])])
         if len(original_node.body) != 1 or not m.matches(original_node.body[0], m.Expr(m.Call())):
             return updated
         call = original_node.body[0].value  # type: ignore[attr-defined]
@@ -185,6 +196,7 @@ class Saving(AccelifyCodemod):
         if under_main_process_check(self, original_node) or self._per_process(original_node):
             # A barrier here would wait for processes that never get here: under a main-process
             # check, or under a test each process decides on its own (`if val_acc > best:`).
+            self._unsynced = True  # a later load waits for it
             return save.with_changes(leading_lines=updated_node.leading_lines)
         self._saved.add(id(original_node))
         wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")

@@ -72,3 +72,17 @@ def test_back_to_back_saves_share_one_barrier() -> None:
         'accelerator.save(accelerator.unwrap_model(net), "model.pth")\n'
         'accelerator.save(accelerator.unwrap_model(net).state_dict(), "weights.pth")\n'
     )
+
+
+def test_a_load_after_a_save_under_a_test_waits_for_the_main_process() -> None:
+    # `if acc > best: save` has no barrier (each process decides); the load after the loop must
+    # not read the file while the main process may still be writing it.
+    source = (FIXTURES / "save_best" / "before.py").read_text()
+    source = source.replace('            torch.save(model.state_dict(), "last.pt")\n',
+                            '            torch.save(model.state_dict(), "last.pt")\n    model.load_state_dict(torch.load("best.pt"))\n')
+    output = convert(source).output
+    assert (
+        "    accelerator.wait_for_everyone()\n"
+        '    accelerator.unwrap_model(model).load_state_dict(torch.load("best.pt"))\n'
+    ) in output
+    assert_stable(output)
