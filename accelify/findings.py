@@ -63,4 +63,8 @@ FINDINGS: dict[str, str] = {
     "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
     "that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "
     "`with accelerator.main_process_first():`).",
+    "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator: every process would write "
+    "it, with the wrapper's `module.` keys; file left unchanged.",
+    "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
+    "script from the wrapped model have `module.` keys and will not load; converted, reported.",
 }

@@ -44,6 +44,7 @@ from accelify.analysis import (
     peel_iterable,
     qualified_names,
     read_names,
+    receiver_refs,
     ref_of,
     root_name,
     assigned_names,
@@ -1019,7 +1020,10 @@ class _Analyzer(cst.CSTVisitor):
 
         plan = self.plan
         gathering = [loop for loop in self.loops if isinstance(find_gather(self, loop, plan), Gather)]
-        for call in [*self.backwards, *gathering]:
+        # torch.save(model.state_dict(), ...) in a helper: saved once and unwrapped through the accelerator
+        saving = [c for c in self.calls if has_qname(self, c.func, _TORCH_SAVE) and c.args and any(
+            ref in plan.flow["model"] for ref in receiver_refs(self, c.args[0].value))]
+        for call in [*self.backwards, *gathering, *saving]:
             key = key_at(self, call)
             if key is None or plan.accelerator_in(key) is not None:
                 continue
@@ -1345,6 +1349,7 @@ MODULE_API = frozenset({
 })
 
 
+_TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
 # A script that runs its own distributed training (issue 10 converts them; until then: refused).
 _PROCESS_GROUP = frozenset(
     {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",

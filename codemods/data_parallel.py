@@ -70,6 +70,16 @@ class DataParallel(AccelifyCodemod):
         )
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
         self._wrapped = self.plan.flow["model"] if wraps else set()
+        if wraps:
+            for load in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))):
+                if any(r in self.plan.flow["model"] for r in receiver_refs(self, load.func.value)):  # type: ignore[attr-defined]
+                    self.finding(
+                        load, "ACC129", "the DataParallel wrapper is removed, so this loads into the plain model: a "
+                        "checkpoint the original script saved from the wrapped model has `module.`-prefixed keys and "
+                        "will not load (checkpoints the converted script saves have plain keys).",
+                        "convert old checkpoints once: `{k.removeprefix(\"module.\"): v for k, v in state.items()}`.",
+                    )
+                    break
 
     def _is_wrap(self, call: cst.CSTNode) -> bool:
         return isinstance(call, cst.Call) and bool(call.args) and has_qname(self, call.func, DATA_PARALLEL)

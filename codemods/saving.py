@@ -159,6 +159,14 @@ class Saving(AccelifyCodemod):
         if model is None and not state:
             return updated
         if accelerator is None:
+            if not state:
+                self.refuse(
+                    call, "ACC128", "a model saved with `torch.save` in code that cannot reach the Accelerator: every "
+                    "process would write it, with the DistributedDataParallel wrapper's `module.` keys; file not "
+                    "converted.",
+                    "pass the accelerator here and save `accelerator.unwrap_model(model).state_dict()` with "
+                    "`accelerator.save(...)`.",
+                )
             if state:
                 self.finding(
                     call, "ACC111", "a checkpoint of the whole training state is saved with `torch.save` in code "

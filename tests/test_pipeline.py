@@ -116,3 +116,17 @@ def test_a_notebook_line_showing_the_device_goes_with_the_device() -> None:
     )
     output = convert(source).output
     assert "\ndevice\n" not in output and "\naccelerator.device\n" not in output
+
+
+def test_removing_dataparallel_before_a_load_reports_the_module_prefix() -> None:
+    source = (
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader\n\n"
+        "loader = DataLoader(make_dataset(), batch_size=8)\nmodel = nn.DataParallel(Net())\n"
+        "model.load_state_dict(torch.load(\"old.pt\"))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n    loss = model(x, y)\n    loss.backward()\n    optimizer.step()\n"
+    )
+    result = convert(source)
+    assert "model = Net()\n" in result.output
+    finding = next(f for f in result.findings if f.code == "ACC129")
+    assert finding.line == 7 and "module." in finding.message
