@@ -61,7 +61,7 @@ FINDINGS: dict[str, str] = {
     "ACC126": "A script that manages its own processes (`init_process_group`, `DistributedDataParallel`, "
     "`mp.spawn`): not converted yet (half a conversion would wrap the model twice); file left unchanged.",
     "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
-    "that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "
+    "outside the setup code that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "
     "`with accelerator.main_process_first():`).",
     "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator: every process would write "
     "it, with the wrapper's `module.` keys; file left unchanged.",

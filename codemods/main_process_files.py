@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import qualified_names, string_value, under_main_process_check
+from accelify.analysis import binds, key_at, qualified_names, scope_root, setup_blocks, string_value, under_main_process_check
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
@@ -30,11 +30,17 @@ _LOGGERS = frozenset({
 })
 
 
+def _downloads(call: cst.Call) -> bool:
+    return any(a.keyword is not None and a.keyword.value == "download" and m.matches(a.value, m.Name("True"))
+               for a in call.args)
+
+
 class MainProcessFiles(AccelifyCodemod):
     """Sample images and other files are written by the main process; directories are made race-free.
 
     Every process runs the whole script: a ``save_image`` would write the same file once
-    per process, at the same time.  ``if not os.path.exists(d): os.makedirs(d)`` races (two
+    per process, at the same time; a dataset built with ``download=True`` in the setup code is
+    built under ``with accelerator.main_process_first():`` (downloaded once, then read).  ``if not os.path.exists(d): os.makedirs(d)`` races (two
     processes see no directory, the second ``makedirs`` fails): ``exist_ok=True`` does not.
 
     Before::
@@ -89,6 +95,12 @@ class MainProcessFiles(AccelifyCodemod):
             self.change(original_node, "written once, by the main process")
             self._guard[id(original_node)] = accelerator  # wrapped with its neighbours in edit_body
             return updated
+        if id(original_node) in self._first:
+            accelerator = self._first[id(original_node)]
+            self.change(original_node, "downloaded by the main process first, then read by the others")
+            first = self.parse_statement(f"with {accelerator}.main_process_first():\n    pass\n")
+            body = first.body.with_changes(body=[updated_node.with_changes(leading_lines=[])])  # type: ignore[union-attr]
+            return first.with_changes(body=body, leading_lines=updated_node.leading_lines)
         made = self._makedirs(original_node)
         if made is not None and not self._in_try(original_node) and not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in made.args):
             self.change(original_node, "`os.makedirs(..., exist_ok=True)`: every process may create it")
@@ -97,6 +109,49 @@ class MainProcessFiles(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._guard: dict[int, str] = {}  # writer statements -> the accelerator that guards them
+        self._first: dict[int, str] = {}  # downloading statements -> under main_process_first()
+        self._module = node
+
+    def _line_of_statement(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        current: Optional[cst.CSTNode] = node
+        while current is not None and not isinstance(current, cst.SimpleStatementLine):
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return current
+
+    def _download_guard(self, stmt: Optional[cst.CSTNode]) -> Optional[str]:
+        """The accelerator to put a downloading statement under ``main_process_first()`` with, when
+        it is a statement of the setup scope that runs after the Accelerator can exist."""
+        if not isinstance(stmt, cst.SimpleStatementLine) or self.plan.class_mode or under_main_process_check(self, stmt):
+            return None
+        if key_at(self, stmt) != self.plan.setup:
+            return None
+        parent = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, stmt, None), None)
+        if isinstance(parent, cst.With) and m.findall(parent, m.Attribute(attr=m.Name("main_process_first"))):
+            return None  # already downloaded by the main process first
+        accelerator = self.accelerator_at(stmt)
+        block = self.get_metadata(ParentNodeProvider, stmt, None)
+        if accelerator is None or not isinstance(block, (cst.Module, cst.IndentedBlock)):
+            return None
+        root = scope_root(self._module, self.plan.setup)
+        blocks = list(setup_blocks(root)) if root is not None else []
+        if not any(b is block for b in blocks):
+            return None  # in a loop or a nested function
+        before = list(block.body[: next(i for i, s in enumerate(block.body) if s is stmt)])
+        creation = m.findall(self._module, m.Assign(targets=[m.AssignTarget(m.Name(accelerator))], value=m.Call(func=m.Name("Accelerator"))))
+        if creation:
+            # created where the device was: this statement must come after it, in the same block
+            if not any(m.findall(s, m.Assign(value=m.Call(func=m.Name("Accelerator")))) for s in before):
+                return None
+        elif any(binds(s, self.plan.argument_names) for s in block.body[len(before):]):
+            return None  # the Accelerator's arguments are bound after this: it cannot come before
+        return accelerator
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        super().visit_SimpleStatementLine(node)
+        if any(_downloads(c) for c in m.findall(node, m.Call())):  # type: ignore[arg-type]
+            accelerator = self._download_guard(node)
+            if accelerator is not None:
+                self._first[id(node)] = accelerator
 
     def visit_Call(self, node: cst.Call) -> None:
         """ACC127: loggers, files opened for writing and downloads every process runs."""
@@ -110,7 +165,7 @@ class MainProcessFiles(AccelifyCodemod):
         elif names & {"builtins.open", "open"} and len(node.args) > 1 and (mode := string_value(node.args[1].value)) and set(mode) & set("wax"):
             what = f"a file opened with mode {mode!r}: every process writes it"
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
-        elif any(a.keyword is not None and a.keyword.value == "download" and m.matches(a.value, m.Name("True")) for a in node.args):
+        elif _downloads(node) and self._download_guard(self._line_of_statement(node)) is None:
             what = "`download=True`: every process downloads into the same place at once"
             how = "build the dataset under `with accelerator.main_process_first():`"
         if what is not None:

@@ -130,3 +130,17 @@ def test_removing_dataparallel_before_a_load_reports_the_module_prefix() -> None
     assert "model = Net()\n" in result.output
     finding = next(f for f in result.findings if f.code == "ACC129")
     assert finding.line == 7 and "module." in finding.message
+
+
+def test_a_download_before_the_accelerator_exists_is_reported_not_wrapped() -> None:
+    # The device (where the Accelerator is created) comes after the dataset: no main_process_first there.
+    source = (FIXTURES / "download_first" / "before.py").read_text()
+    source = source.replace(
+        '    device = torch.device("cuda" if use_cuda else "cpu")\n', ""
+    ).replace('    train_loader = DataLoader(dataset1, batch_size=64)\n',
+              '    train_loader = DataLoader(dataset1, batch_size=64)\n    device = torch.device("cuda" if use_cuda else "cpu")\n')
+    result = convert(source)
+    assert "main_process_first" not in result.output
+    assert "accelerator.backward(loss)" in result.output
+    finding = next(f for f in result.findings if f.code == "ACC127")
+    assert "download=True" in finding.message
