@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,11 +122,15 @@ def runs(case) -> dict[str, Run]:
     if case.error is not None:
         pytest.skip(f"{case.name} did not convert: {case.error}")
     env = script_env()
-    return {
-        "before": run_traced(case.workdir / "before" / "train.py", env),
-        "after": run_traced(case.workdir / "after" / "train.py", env),
-        "two": run_traced(case.workdir / "after2" / "train.py", env, processes=2),
-    }
+    # The three runs are independent (each in its own directory): start them together, most of
+    # each is importing torch.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        jobs = {
+            "before": pool.submit(run_traced, case.workdir / "before" / "train.py", env),
+            "after": pool.submit(run_traced, case.workdir / "after" / "train.py", env),
+            "two": pool.submit(run_traced, case.workdir / "after2" / "train.py", env, processes=2),
+        }
+        return {name: job.result() for name, job in jobs.items()}
 
 
 def test_converts(case):
