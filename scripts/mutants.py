@@ -102,6 +102,39 @@ MUTANTS = [
         '        return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"\n',
         '        return "batch" if any(inside) else "epoch"\n',
     ),
+    # --- issue 8: what every process does, evaluation, reloads (second session)
+    Mutant(
+        "reloaded-model-left-on-cpu", "a model built again after training stays on the CPU while batches move",
+        "codemods/placement.py",
+        "                self._place.add(id(assign.value))\n",
+        "                pass\n",
+    ),
+    Mutant(
+        "load-before-the-save-is-written", "a file saved under `if acc > best:` is read before it is written",
+        "codemods/saving.py",
+        "            self._unsynced = True  # a later load waits for it\n",
+        "            self._unsynced = False\n",
+    ),
+    Mutant(
+        "whole-output-gathered", "`outputs`/`batch` gathered whole instead of the tensors the metric reads",
+        "codemods/gather.py",
+        "        if not parts or (whole and not parts):\n",
+        "        if True:\n",
+    ),
+    Mutant(
+        "model-attribute-on-the-wrapper", "`model.decode` on the DDP wrapper: AttributeError with two processes",
+        "codemods/unwrap.py",
+        "        if not model_attribute(self, original_node, self.plan) or self.inside(original_node, self._plain):\n",
+        "        if True:\n",
+        tests=tuple(E2E) + ("-k", "vae_sampling"),
+    ),
+    Mutant(
+        "sample-file-on-every-rank", "every process writes the sample files",
+        "codemods/main_process_files.py",
+        "            self._guard[id(original_node)] = accelerator  # wrapped with its neighbours in edit_body\n",
+        "            pass\n",
+        tests=tuple(E2E) + ("-k", "vae_sampling"),
+    ),
     # --- README claims about the CLI
     Mutant(
         "cli-quiet-ignored", "-q still prints the summary",
