@@ -61,6 +61,7 @@ RUNNABLE = {
     "reload_for_test": Expect(evals=("Test set",), saves=("model.pth",)),
     "dict_batch_metrics": Expect(evals=("Test set",)),
     "vae_sampling": Expect(saves=("sampled-0.pt", "sampled-1.pt")),
+    "autocast_kept": Expect(),
     "best_checkpoint": Expect(evals=("Validation",), saves=("best.pt",), repeated_saves=("best.pt",)),
 }
 
