@@ -72,7 +72,8 @@ class MainProcessFiles(AccelifyCodemod):
 
     CODE = "ACC017"
     NAME = "main-process-files"
-    DESCRIPTION = "save_image/savefig/np.save on the main process only; os.makedirs(..., exist_ok=True) instead of a racing check."
+    DESCRIPTION = ("save_image/savefig/np.save/other torch.save on the main process only; os.makedirs(..., exist_ok=True) "
+                   "instead of a racing check; download=True under main_process_first().")
     REQUIRES = frozenset({"ACC001"})
 
     @classmethod
