@@ -26,6 +26,8 @@ from libcst.metadata import BuiltinScope, ClassScope, FunctionScope, GlobalScope
 # qualified names
 
 DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
+TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
 TORCH_DEVICE = frozenset({"torch.device"})
 ACCELERATOR_CLASS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
 AVAILABILITY_CHECKS = frozenset(
@@ -351,6 +353,23 @@ def locate_setup(
     return best
 
 
+def bound_again(after: Sequence[cst.BaseStatement], names: set[str], trainers: set[str]) -> list[cst.BaseStatement]:
+    """The statements after the ``prepare`` point that may bind a training object again: all of
+    them but the first that trains, which hands the trained model back (``model = train(model)``)."""
+    start = next((i for i, stmt in enumerate(after) if trains(stmt, trainers, frozenset(names))), None)
+    return [stmt for i, stmt in enumerate(after) if i != start]
+
+
+def rebound_region(
+    block: Body, index: int, names: set[str], rebound: set[str], trainers: set[str]
+) -> list[cst.BaseStatement]:
+    """The setup block's statements from the first that binds one of ``rebound`` again after the
+    ``prepare`` point (``index``): ``model = Net()`` to reload a checkpoint, a plain model from there on."""
+    after = bound_again(block.body[index:], names, trainers)
+    first = next((i for i, stmt in enumerate(after) if binds(stmt, rebound)), len(after))
+    return after[first:]
+
+
 # --------------------------------------------------------------------------
 # references: a training object is known by (scope key, name)
 
@@ -401,6 +420,22 @@ def ref_of(visitor: cst.MetadataDependent, expr: cst.CSTNode) -> Optional[Ref]:
         if isinstance(parent, ClassScope):
             return scope_key(parent), f"self.{expr.attr.value}"  # type: ignore[attr-defined]
     return None
+
+
+def assigned_values(visitor: cst.MetadataDependent, name: cst.Name) -> list[cst.BaseExpression]:
+    """The values ``name`` is assigned in its scope by ``name = value`` (``params = [...]`` for
+    ``Adam(params)``, ``state = {...}`` for ``torch.save(state, path)``)."""
+    from libcst.metadata import ParentNodeProvider
+
+    scope = visitor.get_metadata(ScopeProvider, name, None)
+    values = []
+    for assignment in scope[name.value] if scope is not None else ():
+        node = getattr(assignment, "node", None)
+        target = visitor.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+        assign = visitor.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+        if isinstance(assign, cst.Assign):
+            values.append(assign.value)
+    return values
 
 
 def receiver_refs(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Iterator[Ref]:

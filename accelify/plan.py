@@ -31,6 +31,9 @@ from accelify.accumulation import code_of
 from accelify.analysis import (
     ACCELERATOR_CLASS,
     BACKWARD,
+    TORCH_SAVE,
+    assigned_values,
+    bound_again,
     DATALOADERS,
     MODULE,
     RawFinding,
@@ -268,18 +271,7 @@ class _Analyzer(cst.CSTVisitor):
 
     def _bound_values(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
         """The values a plain name is assigned in its scope (``params = [...]`` for ``Adam(params)``)."""
-        if not isinstance(expr, cst.Name):
-            return []
-        scope = self.get_metadata(ScopeProvider, expr, None)
-        values = []
-        for assignment in scope[expr.value] if scope is not None else ():
-            node = getattr(assignment, "node", None)
-            parent = self.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
-            if isinstance(parent, cst.AssignTarget):
-                assign = self.get_metadata(ParentNodeProvider, parent, None)
-                if isinstance(assign, cst.Assign):
-                    values.append(assign.value)
-        return values
+        return assigned_values(self, expr) if isinstance(expr, cst.Name) else []
 
     def _is_scheduler(self, call: cst.Call, optimizers: set[Ref]) -> bool:
         names = qualified_names(self, call.func)
@@ -427,7 +419,7 @@ class _Analyzer(cst.CSTVisitor):
             root = scope_root(module, plan.setup)
             located = locate_setup(root, set(plan.core()), self._trainers) if root is not None else None
             if located is not None:
-                after = located[0].body[located[1]:]
+                after = bound_again(located[0].body[located[1]:], set(plan.core()), self._trainers)
                 plan.rebound_models = [n for n in plan.models if any(binds(stmt, {n}) for stmt in after)]
         self._needs_accelerator()
         unreachable = self._backward_out_of_reach()
@@ -742,29 +734,20 @@ class _Analyzer(cst.CSTVisitor):
         wrapper).  Code in the setup scope before the ``prepare`` point still holds
         the plain model and is not reported. True when one is found: the file is not converted.
         """
+        from accelify.codemods.unwrap import model_attribute, plain_model_statements, why_not_unwrapped
+
         plan = self.plan
         if plan.has_prepare:
             return False
-        root = scope_root(self._module, plan.setup)
-        located = locate_setup(root, set(plan.core()), self._trainers) if root is not None else None
-        if located is None:
-            return False
-        block, index = located
-        after = block.body[index:]
-        first_rebinding = next((i for i, stmt in enumerate(after) if binds(stmt, set(plan.rebound_models))), len(after))
-        before = {
-            id(n) for stmt in block.body[:index] if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
+        plain = {
+            id(n) for stmt in plain_model_statements(self._module, plan, self._trainers)
             for n in m.findall(stmt, m.Attribute())
-        } | {  # a model bound again after training is a plain model too
-            id(n) for stmt in after[first_rebinding:] for n in m.findall(stmt, m.Attribute())
         }
-        from accelify.codemods.unwrap import model_attribute, why_not_unwrapped
-
         reported: set[tuple[Optional[str], str, str]] = set()
         for node in m.findall(self._module, m.Attribute()):
-            if id(node) in before or not model_attribute(self, node, plan):  # type: ignore[arg-type]
+            if id(node) in plain or not model_attribute(self, node, plan):  # type: ignore[arg-type]
                 continue
-            why = why_not_unwrapped(self, node, plan, self._trainers)  # type: ignore[arg-type]
+            why = why_not_unwrapped(self, node, plan)  # type: ignore[arg-type]
             if why is None:
                 continue  # ACC016 reads it through `accelerator.unwrap_model(...)`
             attr = node.attr.value  # type: ignore[attr-defined]
@@ -1021,7 +1004,7 @@ class _Analyzer(cst.CSTVisitor):
         plan = self.plan
         gathering = [loop for loop in self.loops if isinstance(find_gather(self, loop, plan), Gather)]
         # torch.save(model.state_dict(), ...) in a helper: saved once and unwrapped through the accelerator
-        saving = [c for c in self.calls if has_qname(self, c.func, _TORCH_SAVE) and c.args and any(
+        saving = [c for c in self.calls if has_qname(self, c.func, TORCH_SAVE) and c.args and any(
             ref in plan.flow["model"] for ref in receiver_refs(self, c.args[0].value))]
         for call in [*self.backwards, *gathering, *saving]:
             key = key_at(self, call)
@@ -1290,10 +1273,7 @@ class _Analyzer(cst.CSTVisitor):
         # that is a new one: a model re-created to reload a checkpoint and test it stays a plain
         # model on `accelerator.device`; anything else bound again, or training after it, would
         # run on unprepared objects.
-        after = block.body[index:]
-        # `model = train(model, ...)`: the first statement that trains hands the trained model back
-        start = next((i for i, stmt in enumerate(after) if trains(stmt, self._trainers, frozenset(names))), None)
-        after = [stmt for i, stmt in enumerate(after) if i != start]
+        after = bound_again(block.body[index:], set(names), self._trainers)
         rebound = [n for n in names if any(binds(stmt, {n}) for stmt in after)]
         if not rebound:
             return True
@@ -1349,7 +1329,6 @@ MODULE_API = frozenset({
 })
 
 
-_TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
 # A script that runs its own distributed training (issue 10 converts them; until then: refused).
 _PROCESS_GROUP = frozenset(
     {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",

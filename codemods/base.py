@@ -11,7 +11,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import RawFinding, binds, key_at, locate_setup, scope_key, scope_root, trainer_functions, trains
+from accelify.analysis import RawFinding, key_at, locate_setup, rebound_region, scope_key, scope_root, trainer_functions
 from accelify.plan import Plan
 from accelify.report import Change
 
@@ -131,16 +131,12 @@ class AccelifyCodemod(cst.CSTTransformer):
         if not self.plan.rebound_models:
             return set()
         root = scope_root(module, self.plan.setup)
-        located = locate_setup(root, set(self.plan.core()), trainer_functions(module)) if root is not None else None
+        trainers = trainer_functions(module)
+        core = set(self.plan.core())
+        located = locate_setup(root, core, trainers) if root is not None else None
         if located is None:
             return set()
-        block, index = located
-        after = list(block.body[index:])
-        trainers = trainer_functions(module)
-        start = next((i for i, s in enumerate(after) if trains(s, trainers, frozenset(self.plan.core()))), None)
-        # `model = train(model)` hands the trained model back: not a new one
-        first = next((i for i, s in enumerate(after) if i != start and binds(s, set(self.plan.rebound_models))), len(after))
-        return {id(s) for s in after[first:]}
+        return {id(s) for s in rebound_region(*located, core, set(self.plan.rebound_models), trainers)}
 
     def inside(self, node: cst.CSTNode, statements: set[int]) -> bool:
         """Is ``node`` part of one of ``statements``?"""

@@ -73,6 +73,10 @@ def _metric(stmt: cst.BaseStatement) -> bool:
     return bool(m.findall(stmt, m.AugAssign() | _METRIC_CALLS))
 
 
+def _targets(assign: cst.Assign) -> set[str]:
+    return {n for t in assign.targets for n in assigned_names(t.target)}
+
+
 def _reads(stmt: cst.CSTNode) -> set[str]:
     return {n.value for n in m.findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
@@ -100,7 +104,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         assign = simple_assign(stmt)
         if assign is None:
             continue
-        targets = {n for t in assign.targets for n in assigned_names(t.target)}
+        targets = _targets(assign)
         if _reads(assign.value) & derived:
             derived |= targets
             for n in targets:
@@ -138,7 +142,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     needed = {n.value for s in later if _metric(s) for n in m.findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
     for s in reversed(later):
         inner = simple_assign(s)
-        if inner is not None and {n for t in inner.targets for n in assigned_names(t.target)} & needed:
+        if inner is not None and _targets(inner) & needed:
             needed |= _reads(inner.value)
     order = _first_use(later, derived)
     # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
@@ -148,7 +152,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     # to save a sample image) would get a batch of another shape.
     for s in _outermost(later):
         inner = simple_assign(s)
-        if _metric(s) or (inner is not None and {n for t in inner.targets for n in assigned_names(t.target)} & needed):
+        if _metric(s) or (inner is not None and _targets(inner) & needed):
             continue
         if m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Name("print")))])):
             continue
@@ -178,7 +182,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
                 whole = True
             else:
                 parts.setdefault(cst.Module(body=[]).code_for_node(part), []).append(part)
-        if not parts or (whole and not parts):
+        if not parts:
             names.append(name)
             values.append(name)
             continue

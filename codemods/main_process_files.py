@@ -8,15 +8,14 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import binds, key_at, qualified_names, scope_root, setup_blocks, string_value, under_main_process_check
+from accelify.analysis import TORCH_SAVE, binds, key_at, qualified_names, scope_root, setup_blocks, string_value, under_main_process_check
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
 
 # Calls that write a file whose name does not depend on the process: N processes would write it N
 # times at once (a torn or interleaved file), each from its own shard.
-WRITERS = frozenset({
-    "torch.save", "torch.serialization.save",  # what ACC009 does not save with `accelerator.save`
+WRITERS = TORCH_SAVE | frozenset({  # torch.save: what ACC009 does not save with `accelerator.save`
     "torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save", "numpy.savetxt", "numpy.savez",
     "numpy.savez_compressed",
 })
@@ -99,9 +98,7 @@ class MainProcessFiles(AccelifyCodemod):
         if id(original_node) in self._first:
             accelerator = self._first[id(original_node)]
             self.change(original_node, "downloaded by the main process first, then read by the others")
-            first = self.parse_statement(f"with {accelerator}.main_process_first():\n    pass\n")
-            body = first.body.with_changes(body=[updated_node.with_changes(leading_lines=[])])  # type: ignore[union-attr]
-            return first.with_changes(body=body, leading_lines=updated_node.leading_lines)
+            return self._under(f"with {accelerator}.main_process_first():", [updated_node])
         made = self._makedirs(original_node)
         if made is not None and not self._in_try(original_node) and not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in made.args):
             self.change(original_node, "`os.makedirs(..., exist_ok=True)`: every process may create it")
@@ -112,6 +109,9 @@ class MainProcessFiles(AccelifyCodemod):
         self._guard: dict[int, str] = {}  # writer statements -> the accelerator that guards them
         self._first: dict[int, str] = {}  # downloading statements -> under main_process_first()
         self._module = node
+        # `accelerator = Accelerator(...)` already written where the device was (ACC002)
+        self._created = bool(m.findall(node, m.Assign(targets=[m.AssignTarget(m.Name(self.plan.accelerator))],
+                                                      value=m.Call(func=m.Name("Accelerator")))))
 
     def _line_of_statement(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         current: Optional[cst.CSTNode] = node
@@ -138,8 +138,7 @@ class MainProcessFiles(AccelifyCodemod):
         if not any(b is block for b in blocks):
             return None  # in a loop or a nested function
         before = list(block.body[: next(i for i, s in enumerate(block.body) if s is stmt)])
-        creation = m.findall(self._module, m.Assign(targets=[m.AssignTarget(m.Name(accelerator))], value=m.Call(func=m.Name("Accelerator"))))
-        if creation:
+        if self._created:
             # created where the device was: this statement must come after it, in the same block
             if not any(m.findall(s, m.Assign(value=m.Call(func=m.Name("Accelerator")))) for s in before):
                 return None
@@ -166,7 +165,7 @@ class MainProcessFiles(AccelifyCodemod):
         elif names & {"builtins.open", "open"} and len(node.args) > 1 and (mode := string_value(node.args[1].value)) and set(mode) & set("wax"):
             what = f"a file opened with mode {mode!r}: every process writes it"
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
-        elif _downloads(node) and self._download_guard(self._line_of_statement(node)) is None:
+        elif _downloads(node) and id(self._line_of_statement(node)) not in self._first:
             what = "`download=True`: every process downloads into the same place at once"
             how = "build the dataset under `with accelerator.main_process_first():`"
         if what is not None:
@@ -182,24 +181,27 @@ class MainProcessFiles(AccelifyCodemod):
 
         def flush() -> None:
             if run:
-                guard = self.parse_statement(f"if {accelerator}.is_main_process:\n    pass\n")
-                inner = [run[0].with_changes(leading_lines=[]), *run[1:]]
-                out.append(guard.with_changes(body=guard.body.with_changes(body=inner), leading_lines=run[0].leading_lines))  # type: ignore[union-attr]
+                out.append(self._under(f"if {accelerator}.is_main_process:", run))
                 run.clear()
 
         for before, updated in zip(original.body, body):
-            if id(before) in self._guard and (not run or self._guard[id(before)] == accelerator):
-                accelerator = self._guard[id(before)]
-                run.append(updated)
-                continue
-            flush()
-            if id(before) in self._guard:
-                accelerator = self._guard[id(before)]
-                run.append(updated)
-            else:
+            guard = self._guard.get(id(before))
+            if guard != accelerator:
+                flush()
+            if guard is None:
                 out.append(updated)
+            else:
+                accelerator = guard
+                run.append(updated)
         flush()
         return out
+
+    def _under(self, header: str, statements: list[cst.BaseStatement]) -> cst.BaseStatement:
+        """``header`` (``if ...:``, ``with ...:``) around ``statements``, taking over the first one's
+        blank and comment lines."""
+        block = self.parse_statement(f"{header}\n    pass\n")
+        inner = [statements[0].with_changes(leading_lines=[]), *statements[1:]]
+        return block.with_changes(body=block.body.with_changes(body=inner), leading_lines=statements[0].leading_lines)  # type: ignore[union-attr]
 
     def _in_try(self, node: cst.CSTNode) -> bool:
         """``try: os.makedirs(d) except OSError: pass`` is already safe."""

@@ -7,16 +7,21 @@ from typing import Optional, Union
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import Assignment, ParentNodeProvider, ScopeProvider
+from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import qualified_names, receiver_refs, ref_of, under_main_process_check
+from accelify.analysis import (
+    TORCH_LOAD,
+    TORCH_SAVE,
+    assigned_values,
+    qualified_names,
+    receiver_refs,
+    ref_of,
+    under_main_process_check,
+)
 from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
-
-_TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
-_TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
 
 
 class Saving(AccelifyCodemod):
@@ -61,26 +66,18 @@ class Saving(AccelifyCodemod):
         self._unsynced = False  # a save no barrier follows: the next load must wait for it
         # Lines of `torch.load` calls: a file saved by the main process is read back by every
         # process only once it is written.
-        self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if qualified_names(self, c.func) & _TORCH_LOAD]  # type: ignore[arg-type]
+        self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if qualified_names(self, c.func) & TORCH_LOAD]  # type: ignore[arg-type]
 
     def _checkpoint_states(self, module: cst.Module) -> set[int]:
         """``model.state_dict()`` calls inside a dict that ``torch.save`` writes (directly, or through
         the name it is bound to): they are saved from the unwrapped model."""
         dicts: list[cst.Dict] = []
         for call in m.findall(module, m.Call()):
-            if not qualified_names(self, call.func) & _TORCH_SAVE or not call.args:  # type: ignore[attr-defined]
+            if not qualified_names(self, call.func) & TORCH_SAVE or not call.args:  # type: ignore[attr-defined]
                 continue
             first = call.args[0].value  # type: ignore[attr-defined]
-            if isinstance(first, cst.Dict):
-                dicts.append(first)
-            elif isinstance(first, cst.Name):
-                scope = self.get_metadata(ScopeProvider, first, None)
-                for assignment in scope[first.value] if scope is not None else ():
-                    if not isinstance(assignment, Assignment) or not isinstance(assignment.node, cst.Name):
-                        continue
-                    assign = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, assignment.node, None), None)
-                    if isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Dict):
-                        dicts.append(assign.value)
+            values = assigned_values(self, first) if isinstance(first, cst.Name) else [first]
+            dicts.extend(v for v in values if isinstance(v, cst.Dict))
         return {
             id(c) for d in dicts for c in m.findall(d, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
             if ref_of(self, c.func.value) in self.plan.flow["model"]  # type: ignore[attr-defined]
@@ -116,16 +113,7 @@ class Saving(AccelifyCodemod):
         """A dict holding the state of a prepared model or optimizer (or a name bound to one)."""
         prepared = self.plan.flow["model"] | self.plan.refs(self.plan.optimizers)
         if isinstance(expr, cst.Name):
-            scope = self.get_metadata(ScopeProvider, expr, None)
-            values = [
-                a.node for a in (scope[expr.value] if scope is not None else ())
-                if isinstance(a, Assignment) and isinstance(a.node, cst.Name)
-            ]
-            for target in values:
-                assign = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, target, None), None)
-                if isinstance(assign, cst.Assign) and self._training_state(assign.value):
-                    return True
-            return False
+            return any(self._training_state(value) for value in assigned_values(self, expr))
         for call in m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("state_dict")))):
             if any(r in prepared for r in receiver_refs(self, call.func.value)):  # type: ignore[attr-defined]
                 return True
@@ -135,7 +123,7 @@ class Saving(AccelifyCodemod):
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
-        if self._unsynced and any(qualified_names(self, c.func) & _TORCH_LOAD for c in m.findall(original_node, m.Call())):  # type: ignore[attr-defined]
+        if self._unsynced and any(qualified_names(self, c.func) & TORCH_LOAD for c in m.findall(original_node, m.Call())):  # type: ignore[attr-defined]
             accelerator = self.accelerator_at(original_node)
             if accelerator is not None and not under_main_process_check(self, original_node) and not self._per_process(original_node):
                 # A file saved under a test (`if acc > best:`) may still be being written by the main
@@ -148,7 +136,7 @@ class Saving(AccelifyCodemod):
         if len(original_node.body) != 1 or not m.matches(original_node.body[0], m.Expr(m.Call())):
             return updated
         call = original_node.body[0].value  # type: ignore[attr-defined]
-        if not qualified_names(self, call.func) & _TORCH_SAVE or not call.args:
+        if not qualified_names(self, call.func) & TORCH_SAVE or not call.args:
             return updated
         accelerator = self.accelerator_at(original_node)
         model = self._model_state(call.args[0].value)
@@ -167,7 +155,7 @@ class Saving(AccelifyCodemod):
                     "pass the accelerator here and save `accelerator.unwrap_model(model).state_dict()` with "
                     "`accelerator.save(...)`.",
                 )
-            if state:
+            else:
                 self.finding(
                     call, "ACC111", "a checkpoint of the whole training state is saved with `torch.save` in code "
                     "that cannot reach the Accelerator: left as it is, every process writes it.",

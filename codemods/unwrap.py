@@ -13,6 +13,7 @@ from accelify.analysis import (
     has_qname,
     key_at,
     locate_setup,
+    rebound_region,
     ref_of,
     scope_root,
     trainer_functions,
@@ -35,14 +36,14 @@ def model_attribute(visitor: cst.MetadataDependent, node: cst.Attribute, plan: P
     )
 
 
-def why_not_unwrapped(visitor: cst.MetadataDependent, node: cst.Attribute, plan: Plan, trainers: set[str]) -> Optional[str]:
+def why_not_unwrapped(visitor: cst.MetadataDependent, node: cst.Attribute, plan: Plan) -> Optional[str]:
     """None when ``accelerator.unwrap_model(model).attr`` is right at ``node``; else the reason."""
     if plan.accelerator_in(key_at(visitor, node)) is None:
         return "this code cannot reach the Accelerator"
     parent = visitor.get_metadata(ParentNodeProvider, node, None)
     if not (isinstance(parent, cst.Call) and parent.func is node):
         return None  # reading or setting a value (`model.config`) is the same on the plain model
-    if _without_grad(visitor, node) or not _in_training_step(visitor, node, trainers):
+    if _without_grad(visitor, node) or not _in_training_step(visitor, node):
         return None
     return ("it is called in the training step: run through the plain model, it would bypass the "
             "DistributedDataParallel wrapper that synchronises the gradients")
@@ -65,7 +66,7 @@ def _without_grad(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
     return False
 
 
-def _in_training_step(visitor: cst.MetadataDependent, node: cst.CSTNode, trainers: set[str]) -> bool:
+def _in_training_step(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
     """Does the innermost loop around ``node`` (or its function, or its top-level statement) run a
     backward itself, not in a loop nested in it? The code of an epoch loop around the batch loop
     runs between steps (``model.sample()`` after an epoch), not in one."""
@@ -89,13 +90,16 @@ def _steps(node: cst.CSTNode) -> bool:
 
 
 def plain_model_statements(module: cst.Module, plan: Plan, trainers: set[str]) -> list[cst.BaseStatement]:
-    """Setup statements that run before ``prepare``: the model there is still the plain one."""
+    """Setup statements that hold the plain model: those before ``prepare``, and those from a model
+    bound again after training on (a reload for a test)."""
     root = scope_root(module, plan.setup)
-    located = locate_setup(root, set(plan.core()), trainers) if root is not None else None
+    core = set(plan.core())
+    located = locate_setup(root, core, trainers) if root is not None else None
     if located is None:
         return []
     block, index = located
-    return [s for s in block.body[:index] if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
+    before = [s for s in block.body[:index] if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
+    return before + rebound_region(block, index, core, set(plan.rebound_models), trainers)
 
 
 class UnwrapModelAttributes(AccelifyCodemod):
@@ -140,14 +144,12 @@ class UnwrapModelAttributes(AccelifyCodemod):
     REQUIRES = frozenset({"ACC001", "ACC004"})
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._trainers = trainer_functions(node)
-        self._plain = {id(s) for s in plain_model_statements(node, self.plan, self._trainers)}
-        self._plain |= self.rebound_statements(node)
+        self._plain = {id(s) for s in plain_model_statements(node, self.plan, trainer_functions(node))}
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if not model_attribute(self, original_node, self.plan) or self.inside(original_node, self._plain):
             return updated_node
-        if why_not_unwrapped(self, original_node, self.plan, self._trainers) is not None:
+        if why_not_unwrapped(self, original_node, self.plan) is not None:
             return updated_node  # the analysis refused the file
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:

@@ -118,7 +118,7 @@ MUTANTS = [
     Mutant(
         "whole-output-gathered", "`outputs`/`batch` gathered whole instead of the tensors the metric reads",
         "codemods/gather.py",
-        "        if not parts or (whole and not parts):\n",
+        "        if not parts:\n",
         "        if True:\n",
     ),
     Mutant(
