@@ -250,15 +250,30 @@ def binds(stmt: cst.BaseStatement, names: set[str]) -> bool:
 
 
 def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``enumerate(tqdm(loader))`` -> ``loader``."""
-    while isinstance(expr, cst.Call) and expr.args:
-        names = qualified_names(visitor, expr.func)
-        if names & {"builtins.enumerate", "enumerate", "builtins.iter", "iter"} or any(
-            n == "tqdm" or n.startswith("tqdm.") for n in names
-        ):
-            expr = expr.args[0].value
-        else:
+    """``enumerate(tqdm(loader))`` -> ``loader``; ``bar = tqdm(loader)`` ... ``enumerate(bar)`` too."""
+    for _ in range(4):  # through a few such names, never round a cycle
+        while isinstance(expr, cst.Call) and expr.args:
+            names = qualified_names(visitor, expr.func)
+            if names & {"builtins.enumerate", "enumerate", "builtins.iter", "iter"} or any(
+                n == "tqdm" or n.startswith("tqdm.") for n in names
+            ):
+                expr = expr.args[0].value
+            else:
+                break
+        if not isinstance(expr, cst.Name):
             break
+        values = assigned_values(visitor, expr)
+        scope = visitor.get_metadata(ScopeProvider, expr, None)
+        if len(values) != 1 or scope is None or len(scope[expr.value]) != 1:
+            break
+        value = values[0]
+        wraps = isinstance(value, cst.Call) and value.args and (
+            qualified_names(visitor, value.func) & {"builtins.enumerate", "enumerate", "builtins.iter", "iter"}
+            or any(n == "tqdm" or n.startswith("tqdm.") for n in qualified_names(visitor, value.func))
+        )
+        if not wraps:
+            break
+        expr = value
     return expr
 
 

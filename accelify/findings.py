@@ -17,7 +17,9 @@ FINDINGS: dict[str, str] = {
     "ACC105": "`scaler.scale(loss).backward()`: left as it is, `accelerator.backward` would scale the loss twice.",
     "ACC106": "`.backward()` in code that cannot reach the Accelerator (a module others import, a helper called "
     "from elsewhere): file left unchanged (with `--select`: that backward left as it is).",
-    "ACC107": "Optimizers built in more than one function, or in a method other than `__init__`: file left unchanged.",
+    "ACC107": "Optimizers built in more than one function, in a factory that returns them, or in a trainer method "
+    "(`Trainer.train`) that is not called exactly once, outside a loop: file left unchanged. A trainer method called "
+    "once is converted (`prepare` there, the Accelerator created in `__init__`).",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
     "left as it is.",
     "ACC109": "A placement in code that cannot reach the Accelerator: left as it is; a `.module` of a model whose "
@@ -29,8 +31,9 @@ FINDINGS: dict[str, str] = {
     "also cover sharded training. In code that cannot reach the Accelerator: left as it is, reported.",
     "ACC112": "Mixed precision that cannot be mapped (switched by different `enabled=` flags or in some places only, "
     "a scaler saved or passed around, float16 and bfloat16 mixed): left as it is.",
-    "ACC113": "A per-batch scheduler built after `prepare` but sized from `len(dataloader)` taken before it: "
-    "reported, it would decay N times too slowly with N processes.",
+    "ACC113": "A per-batch scheduler sized from `len(dataloader)` taken before `prepare` that cannot be prepared with "
+    "the others (built under a condition, or after code that reads the dataloaders): reported, it would decay N times "
+    "too slowly with N processes. Otherwise `prepare` goes after it and takes it too.",
     "ACC114": "Evaluation metrics over a prepared dataloader that accelify cannot gather (code that cannot reach "
     "the Accelerator, no `output = model(...)` to gather, a metric before the model runs, an output read whole and "
     "in parts, gathered values also used by other code): each process would count its own shard only; file left "

@@ -108,6 +108,11 @@ class Plan:
     argument_names: set[str] = field(default_factory=set)
     #: models bound again in the setup block after training (a reload for a test): plain models there
     rebound_models: list[str] = field(default_factory=list)
+    #: a trainer class whose optimizer is built in a method (``Trainer.train``): the objects built in
+    #: ``__init__`` (``self.model``), prepared in that method with those it builds
+    built_in_init: list[str] = field(default_factory=list)
+    #: per-batch schedulers sized from ``len(dataloader)`` before the objects are prepared: prepared with them
+    sized_early: list[str] = field(default_factory=list)
     #: every ref of each kind, setup objects and helper parameters alike
     flow: dict[str, set[Ref]] = field(default_factory=lambda: {k: set() for k in KINDS})
     #: module-level helper -> its parameters that carry the device
@@ -154,8 +159,16 @@ class Plan:
             self.needs_accelerator -= self.accelerator_params
             self.accelerator_params = set()
 
+    def anchors(self) -> list[str]:
+        """The core objects the setup scope binds: ``prepare`` goes after the last of them."""
+        return [n for n in self.core() if n not in self.built_in_init] + self.sized_early
+
+    def ref(self, name: str) -> Ref:
+        """``self.model`` lives in the class, a local of the setup method in that method."""
+        return (self.owner if name.startswith("self.") else self.setup), name
+
     def refs(self, names: list[str]) -> set[Ref]:
-        return {(self.owner, n) for n in names}
+        return {self.ref(n) for n in names}
 
     def accelerator_in(self, key: Optional[str]) -> Optional[str]:
         """How code in function ``key`` reaches the Accelerator without a new parameter."""
@@ -182,6 +195,7 @@ class _Analyzer(cst.CSTVisitor):
         self.assigns: dict[Ref, list[cst.Assign]] = {}
         self.assign_key: dict[int, Optional[str]] = {}  # id(assign) -> key of the function it is in
         self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name
+        self.classes: dict[str, cst.ClassDef] = {}  # module-level classes by name
         self.steps: list[cst.Call] = []
         self.backwards: list[cst.Call] = []
         self.calls: list[cst.Call] = []
@@ -224,6 +238,10 @@ class _Analyzer(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
             self.functions[node.name.value] = node
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
+            self.classes[node.name.value] = node
 
     def visit_Call(self, node: cst.Call) -> None:
         if m.matches(node.func, m.Attribute(attr=m.Name("step"))):
@@ -333,7 +351,16 @@ class _Analyzer(cst.CSTVisitor):
             )
             return
         plan.owner, plan.setup = owners.pop(), setups.pop()  # type: ignore[assignment]
-        if plan.class_mode and not plan.setup.endswith(".__init__"):
+        cls, _, method = plan.setup.rpartition(".")
+        if cls in self.classes and method != "__init__" and method in self._trainers:
+            why = self._method_setup(module, cls, method)
+            if why is not None:
+                self.finding(first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`, and {why}; "
+                             "file not converted.", "build the model, optimizer and dataloaders in `__init__`, or "
+                             f"call `{method}()` once.")
+                return
+            plan.owner = cls
+        elif plan.class_mode and not plan.setup.endswith(".__init__"):
             self.finding(first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`; file not converted.",
                          "build the model, optimizer and dataloaders in `__init__`.")
             return
@@ -341,14 +368,15 @@ class _Analyzer(cst.CSTVisitor):
         if any(f.code == "ACC100" for f in plan.findings):
             return
 
-        in_owner = {ref: assigns for ref, assigns in self.assigns.items() if ref[0] == plan.owner}
+        homes = {plan.owner, plan.setup} if plan.class_mode and not plan.setup.endswith(".__init__") else {plan.owner}
+        in_owner = {ref: assigns for ref, assigns in self.assigns.items() if ref[0] in homes}
         plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: self._line(optimizers[r][0]))]
         for assign, models in sorted(optimizers.values(), key=lambda v: self._line(v[0])):
             for model in models:
                 ref = self._model_ref(model)
                 if ref is None and self._unbound(model):
                     continue  # a fragment (a docstring example) or a star import: nothing to prepare
-                if ref is None or ref[0] != plan.owner:
+                if ref is None or ref[0] not in homes:
                     where = f"`{ref[0]}`" if ref is not None else "another scope"
                     what = (f"the optimizer is built inside the model's own class (`{plan.setup}` trains `self`)"
                             if code_of(model) == "self" else
@@ -381,6 +409,17 @@ class _Analyzer(cst.CSTVisitor):
             and self._single_target(a) == ref
         ]
         plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self._line(x[1])))
+        if plan.setup != plan.owner and not plan.setup.endswith(".__init__"):
+            again = self._init_objects(plan.owner)
+            if again is not None:
+                name = next(n for n in plan.core() if binds(cst.SimpleStatementLine([again]), {n}))
+                self.finding(
+                    again, "ACC104", f"`{name}` is bound in `{self.assign_key[id(again)]}`, which trains it, but "
+                    f"prepared in `{plan.setup}`: the object bound there would train unprepared; file not "
+                    "converted.",
+                    f"bind `{name}` once in `__init__`, or load the new weights into it with `load_state_dict`.",
+                )
+                return
         plan.flow["loader"] = plan.refs(plan.dataloaders)
         plan.flow["model"] = plan.refs(plan.models)
         factory = scope_root(module, plan.setup) if not plan.class_mode and plan.setup != MODULE else None
@@ -417,9 +456,9 @@ class _Analyzer(cst.CSTVisitor):
             return
         if plan.has_prepare:  # converted code: a model bound again after training is still a plain one
             root = scope_root(module, plan.setup)
-            located = locate_setup(root, set(plan.core()), self._trainers) if root is not None else None
+            located = locate_setup(root, set(plan.anchors()), self._trainers) if root is not None else None
             if located is not None:
-                after = bound_again(located[0].body[located[1]:], set(plan.core()), self._trainers)
+                after = bound_again(located[0].body[located[1]:], set(plan.anchors()), self._trainers)
                 plan.rebound_models = [n for n in plan.models if any(binds(stmt, {n}) for stmt in after)]
         self._needs_accelerator()
         unreachable = self._backward_out_of_reach()
@@ -438,6 +477,54 @@ class _Analyzer(cst.CSTVisitor):
         if not self._multi_process_hazards():
             return
         plan.convertible = True
+
+    def _method_setup(self, module: cst.Module, cls: str, method: str) -> Optional[str]:
+        """A trainer class whose optimizer is built in a method (``Trainer.train``): ``prepare`` can go
+        there when the class builds its model in ``__init__`` and the method runs once. None when it
+        can, else why not (for the finding)."""
+        if scope_root(module, f"{cls}.__init__") is None:
+            return f"`{cls}` has no `__init__` to create the Accelerator in"
+        instances = {
+            ref for ref, assigns in self.assigns.items()
+            if all(isinstance(a.value, cst.Call) and m.matches(a.value.func, m.Name(cls)) for a in assigns)
+        }
+        uses = [
+            node for node in m.findall(module, m.Attribute(attr=m.Name(method)))
+            if ref_of(self, node.value) in instances  # type: ignore[attr-defined]
+            or m.matches(node.value, m.Call(func=m.Name(cls)) | m.Name("self"))  # type: ignore[attr-defined]
+            and (code_of(node.value) != "self" or key_at(self, node).split(".")[0] == cls)  # type: ignore[union-attr]
+        ]
+        if not uses:
+            return f"`{method}` is not called in this file (called from elsewhere, it may run `prepare` more than once)"
+        if len(uses) != 1:
+            return f"`{method}` is used {len(uses)} times (`prepare` there must run exactly once)"
+        use = uses[0]
+        parent = self.get_metadata(ParentNodeProvider, use, None)
+        if not isinstance(parent, cst.Call) or parent.func is not use or code_of(use.value) == "self":
+            return f"`{method}` is not simply called once on an instance of `{cls}`"
+        node: Optional[cst.CSTNode] = parent
+        while node is not None:
+            if isinstance(node, (cst.For, cst.While, cst.CompFor)):
+                return f"`{method}` is called in a loop (`prepare` there must run exactly once)"
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return None
+
+    def _init_objects(self, cls: str) -> Optional[cst.Assign]:
+        """Method mode: the ``self`` objects built outside the method that prepares them (the model
+        ``__init__`` builds, one ``load_model`` builds anew: ``prepare`` takes the one there is when
+        the method runs); an assignment in another method that trains, if there is one."""
+        plan = self.plan
+        for name in plan.core():
+            if not name.startswith("self."):
+                continue
+            assigns = self.assigns.get((cls, name), [])
+            if any(self.assign_key[id(a)] == plan.setup for a in assigns):
+                continue
+            training = [a for a in assigns if (self.assign_key[id(a)] or "").rpartition(".")[2] in self._trainers]
+            if training:
+                return training[0]
+            plan.built_in_init.append(name)
+        return None
 
     def _untrained_backward(self) -> None:
         """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
@@ -1197,32 +1284,52 @@ class _Analyzer(cst.CSTVisitor):
         return True
 
     def _early_lengths(self, module: cst.Module, found: list[tuple[Ref, cst.Assign]]) -> None:
-        """ACC113: a per-batch scheduler built after prepare, sized from len(loader) taken before it."""
+        """A per-batch scheduler built after the objects but sized from ``len(dataloader)`` taken before
+        them (``t_total = len(train_dataloader) * epochs``) counts the batches of one process: ``prepare``
+        goes after it and takes it too, so that it steps once per process per batch, the schedule of one
+        process. ACC113 when it cannot (bound under a condition, or code before it reads the loaders)."""
         plan = self.plan
         root = scope_root(module, plan.setup)
-        located = locate_setup(root, set(plan.core()), self._trainers) if root is not None else None
+        located = locate_setup(root, set(plan.anchors()), self._trainers) if root is not None else None
         if located is None:
             return
         block, index = located
         length = m.Call(func=m.Name("len"), args=[m.Arg(m.Name())])
+        assigns = [a for stmt in block.body[:index] if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
+                   for a in m.findall(stmt, m.Assign())]
         early: set[str] = set()
-        for stmt in block.body[:index]:
-            assign = simple_assign(stmt)
-            if assign is None:
-                continue
-            if any(c.args[0].value.value in plan.dataloaders for c in m.findall(assign.value, length)):  # type: ignore[attr-defined]
-                early |= {n for t in assign.targets for n in assigned_names(t.target)}
-        late = {id(a) for stmt in block.body[index:] if (a := simple_assign(stmt)) is not None}
+        changed = True
+        while changed:  # t_total = steps_per_epoch * epochs, steps_per_epoch = len(loader) // accumulation
+            changed = False
+            for assign in assigns:
+                reads = {n.value for n in m.findall(assign.value, m.Name())}  # type: ignore[attr-defined]
+                lens = {c.args[0].value.value for c in m.findall(assign.value, length)}  # type: ignore[attr-defined]
+                if lens & set(plan.dataloaders) or reads & early:
+                    targets = {n for t in assign.targets for n in assigned_names(t.target)}  # type: ignore[attr-defined]
+                    if not targets <= early:
+                        early |= targets
+                        changed = True
+        rest = block.body[index:]
+        late = {id(a) for stmt in rest if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) for a in m.findall(stmt, m.Assign())}
         for ref, assign in found:
             if id(assign) not in late or not self._stepped_per_batch(ref):
                 continue
-            if {n.value for n in m.findall(assign.value, m.Name())} & early:  # type: ignore[attr-defined]
-                self.finding(
-                    assign, "ACC113",
-                    "this scheduler steps once per batch of the prepared (sharded) dataloader, but is sized from "
-                    "`len(dataloader)` taken before `prepare`: with N processes it decays N times too slowly.",
-                    "compute the number of steps after `accelerator.prepare(...)`, from the prepared dataloader.",
-                )
+            if not {n.value for n in m.findall(assign.value, m.Name())} & early:  # type: ignore[attr-defined]
+                continue
+            at = next((i for i, stmt in enumerate(rest) if simple_assign(stmt) is assign), None)
+            between = rest[:at] if at is not None else []
+            if at is not None and not any(trains(stmt, self._trainers, frozenset(plan.core())) for stmt in between) and not any(
+                n.value in plan.dataloaders for stmt in between for n in read_names(stmt)
+            ):
+                plan.sized_early.append(ref[1])
+                continue
+            self.finding(
+                assign, "ACC113",
+                "this scheduler steps once per batch of the prepared (sharded) dataloader, but is sized from "
+                "`len(dataloader)` taken before `prepare`: with N processes it decays N times too slowly.",
+                "compute the number of steps after `accelerator.prepare(...)`, from the prepared dataloader, or "
+                "build the scheduler right after the optimizer and pass it to `prepare` too.",
+            )
 
     def _stepped_per_batch(self, scheduler: Ref) -> bool:
         """Stepped once per optimizer step: every ``.step()`` of it sits in a loop over a dataloader."""
@@ -1247,8 +1354,8 @@ class _Analyzer(cst.CSTVisitor):
 
     def _prepare_point_ok(self, module: cst.Module) -> bool:
         plan = self.plan
-        names = plan.core()
-        listed = ", ".join(names)
+        names = plan.anchors()
+        listed = ", ".join(plan.core())
         root = scope_root(module, plan.setup)
         located = locate_setup(root, set(names), self._trainers) if root is not None else None
         if located is None:

@@ -63,7 +63,7 @@ class AddAccelerator(AccelifyCodemod):
         root = scope_root(node, self.plan.setup)
         if root is None:
             return
-        names = set(self.plan.core())
+        names = set(self.plan.anchors())
         best: Optional[tuple[Block, int]] = None
         for block in setup_blocks(root):
             hits = [

@@ -132,7 +132,7 @@ class AccelifyCodemod(cst.CSTTransformer):
             return set()
         root = scope_root(module, self.plan.setup)
         trainers = trainer_functions(module)
-        core = set(self.plan.core())
+        core = set(self.plan.anchors())
         located = locate_setup(root, core, trainers) if root is not None else None
         if located is None:
             return set()

@@ -8,7 +8,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import TORCH_SAVE, binds, key_at, qualified_names, scope_root, setup_blocks, string_value, under_main_process_check
+from accelify.analysis import TORCH_LOAD, TORCH_SAVE, binds, key_at, qualified_names, scope_root, setup_blocks, string_value, under_main_process_check
+from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
@@ -35,7 +36,7 @@ def _downloads(call: cst.Call) -> bool:
 
 
 class MainProcessFiles(AccelifyCodemod):
-    """Sample images and other files are written by the main process; directories are made race-free.
+    """Sample images, ``save_pretrained`` and other files are written by the main process; directories are made race-free.
 
     Every process runs the whole script: a ``save_image`` would write the same file once
     per process, at the same time; a dataset built with ``download=True`` in the setup code is
@@ -71,7 +72,7 @@ class MainProcessFiles(AccelifyCodemod):
 
     CODE = "ACC017"
     NAME = "main-process-files"
-    DESCRIPTION = ("save_image/savefig/np.save/other torch.save on the main process only; os.makedirs(..., exist_ok=True) "
+    DESCRIPTION = ("save_image/savefig/np.save/save_pretrained/other torch.save on the main process only; os.makedirs(..., exist_ok=True) "
                    "instead of a racing check; download=True under main_process_first().")
     REQUIRES = frozenset({"ACC001"})
 
@@ -80,9 +81,11 @@ class MainProcessFiles(AccelifyCodemod):
         return any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run"))
 
     def _writer(self, stmt: cst.CSTNode) -> bool:
-        return m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])) and bool(
-            qualified_names(self, stmt.body[0].value.func) & WRITERS  # type: ignore[attr-defined]
-        )
+        if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])):
+            return False
+        func = stmt.body[0].value.func  # type: ignore[attr-defined]
+        # `model.save_pretrained(dir)` / `tokenizer.save_pretrained(dir)`: the Hugging Face convention
+        return bool(qualified_names(self, func) & WRITERS) or m.matches(func, m.Attribute(attr=m.Name("save_pretrained")))
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -94,6 +97,12 @@ class MainProcessFiles(AccelifyCodemod):
                 return updated
             self.change(original_node, "written once, by the main process")
             self._guard[id(original_node)] = accelerator  # wrapped with its neighbours in edit_body
+            line = self.line_of(original_node)[0]
+            if self._pretrained(original_node) and any(load > line for load in self._loads) and self._everyone_gets_here(
+                original_node
+            ):
+                # read back later (`from_pretrained`): every process waits until it is written
+                self._wait.add(id(original_node))
             return updated
         if id(original_node) in self._first:
             accelerator = self._first[id(original_node)]
@@ -109,6 +118,11 @@ class MainProcessFiles(AccelifyCodemod):
         self._guard: dict[int, str] = {}  # writer statements -> the accelerator that guards them
         self._first: dict[int, str] = {}  # downloading statements -> under main_process_first()
         self._module = node
+        self._wait: set[int] = set()  # guarded writes every process waits for (the file is read back)
+        self._taint = EarlyStops(self, self.plan, node, [], [])
+        self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if (
+            qualified_names(self, c.func) & TORCH_LOAD  # type: ignore[arg-type]
+            or m.matches(c.func, m.Attribute(attr=m.Name("from_pretrained"))))]  # type: ignore[arg-type]
         # `accelerator = Accelerator(...)` already written where the device was (ACC002)
         self._created = bool(m.findall(node, m.Assign(targets=[m.AssignTarget(m.Name(self.plan.accelerator))],
                                                       value=m.Call(func=m.Name("Accelerator")))))
@@ -179,10 +193,16 @@ class MainProcessFiles(AccelifyCodemod):
         run: list[cst.BaseStatement] = []
         accelerator = ""
 
+        wait = False
+
         def flush() -> None:
+            nonlocal wait
             if run:
                 out.append(self._under(f"if {accelerator}.is_main_process:", run))
+                if wait:
+                    out.append(self.parse_statement(f"{accelerator}.wait_for_everyone()\n"))
                 run.clear()
+            wait = False
 
         for before, updated in zip(original.body, body):
             guard = self._guard.get(id(before))
@@ -193,8 +213,29 @@ class MainProcessFiles(AccelifyCodemod):
             else:
                 accelerator = guard
                 run.append(updated)
+                wait = wait or id(before) in self._wait
         flush()
         return out
+
+    def _everyone_gets_here(self, node: cst.CSTNode) -> bool:
+        """Does every process run ``node`` at the same point (a barrier after it cannot hang)? Not under
+        a test each process decides on its own (``if acc > best:``), in its function or at a call of it."""
+        if self._taint.guarded_by(node) is not None:
+            return False
+        func = self.get_metadata(ParentNodeProvider, node, None)
+        while func is not None and not isinstance(func, (cst.FunctionDef, cst.Module)):
+            func = self.get_metadata(ParentNodeProvider, func, None)
+        if not isinstance(func, cst.FunctionDef):
+            return True
+        name = func.name.value
+        calls = m.findall(self._module, m.Call(func=m.Name(name) | m.Attribute(attr=m.Name(name))))
+        return bool(calls) and all(
+            self._taint.guarded_by(call) is None and not under_main_process_check(self, call) for call in calls
+        )
+
+    @staticmethod
+    def _pretrained(stmt: cst.SimpleStatementLine) -> bool:
+        return m.matches(stmt.body[0], m.Expr(m.Call(func=m.Attribute(attr=m.Name("save_pretrained")))))
 
     def _under(self, header: str, statements: list[cst.BaseStatement]) -> cst.BaseStatement:
         """``header`` (``if ...:``, ``with ...:``) around ``statements``, taking over the first one's

@@ -12,6 +12,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from accelify.analysis import (
     assigned_names,
+    key_at,
     classify_device,
     iter_statements,
     peel_iterable,
@@ -190,6 +191,8 @@ class RemovePlacement(AccelifyCodemod):
             return
         if not all(ref_of(self, t.target) in self.plan.flow["model"] for t in assign.targets):
             return
+        if self._before_prepare(node):
+            return
         if self.inside(node, self._plain):
             # A model bound again after training is not prepared: it keeps its placement, and one
             # built with none goes where the prepared dataloaders put their batches.
@@ -212,6 +215,11 @@ class RemovePlacement(AccelifyCodemod):
                  or (call.args and string_value(call.args[0].value) == "cpu"))  # type: ignore[attr-defined]
             for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("cpu") | m.Name("to"))))
         )
+
+    def _before_prepare(self, node: cst.CSTNode) -> bool:
+        """A trainer class that prepares in a method (``train``): the model its ``__init__`` builds keeps
+        a placement on ``accelerator.device`` there, for the methods that may run before ``train``."""
+        return bool(self.plan.built_in_init) and key_at(self, node) != self.plan.setup
 
     def _is_model(self, expr: cst.BaseExpression) -> bool:
         """``model``, ``model.encoder[0]``, ``model.half()``: the model or a part of it, not what a
@@ -267,7 +275,7 @@ class RemovePlacement(AccelifyCodemod):
             strip = True
         if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)) and not self.inside(
             original_node, self._plain
-        ):
+        ) and not self._before_prepare(original_node):
             # A model the script moves off the device (`model.cpu()` to save) must be moved back.
             strip = not self._model_leaves_device
         if strip:

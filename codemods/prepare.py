@@ -72,7 +72,7 @@ class Prepare(AccelifyCodemod):
         root = scope_root(node, self.plan.setup)
         if root is None:
             return
-        anchors = set(self._names)
+        anchors = set(self.plan.anchors())
         if any(binds(stmt, {self.plan.accelerator}) for stmt in _statements(root)):
             anchors.add(self.plan.accelerator)  # created where the device was: prepare comes after it
         located = locate_setup(root, anchors, trainer_functions(node))

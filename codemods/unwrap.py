@@ -93,7 +93,7 @@ def plain_model_statements(module: cst.Module, plan: Plan, trainers: set[str]) -
     """Setup statements that hold the plain model: those before ``prepare``, and those from a model
     bound again after training on (a reload for a test)."""
     root = scope_root(module, plan.setup)
-    core = set(plan.core())
+    core = set(plan.anchors())
     located = locate_setup(root, core, trainers) if root is not None else None
     if located is None:
         return []

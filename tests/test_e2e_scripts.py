@@ -63,6 +63,8 @@ RUNNABLE = {
     "vae_sampling": Expect(saves=("sampled-0.pt", "sampled-1.pt")),
     "autocast_kept": Expect(),
     "best_checkpoint": Expect(evals=("Validation",), saves=("best.pt",), repeated_saves=("best.pt",)),
+    "scheduler_sized_before_prepare": Expect(evals=("after epoch",), invariant=("after epoch",)),
+    "trainer_builds_optimizer": Expect(evals=("Test set", "after epoch"), invariant=("after epoch",)),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).
