@@ -389,6 +389,8 @@ def rebound_region(
 # references: a training object is known by (scope key, name)
 
 MODULE = "<module>"
+#: how converted code (and hand-written Accelerate code) spells the Accelerator
+ACCELERATOR_SPELLINGS = ("accelerator", "self.accelerator")
 Ref = tuple[str, str]
 
 

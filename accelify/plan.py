@@ -30,6 +30,7 @@ from libcst.metadata import (
 from accelify.accumulation import code_of
 from accelify.analysis import (
     ACCELERATOR_CLASS,
+    ACCELERATOR_SPELLINGS,
     BACKWARD,
     TORCH_SAVE,
     assigned_values,
@@ -121,6 +122,9 @@ class Plan:
     needs_accelerator: set[str] = field(default_factory=set)
     #: ... of which those with no ``device`` parameter to rename: they get a new first parameter
     accelerator_params: set[str] = field(default_factory=set)
+    #: module-level classes handed the training objects (``Trainer(model, loader, optimizer, device)``)
+    #: whose methods need the accelerator: ``__init__`` takes it first and keeps it as ``self.accelerator``
+    accelerator_classes: set[str] = field(default_factory=set)
     findings: list[RawFinding] = field(default_factory=list)
 
     @property
@@ -158,6 +162,7 @@ class Plan:
         if "ACC015" not in codes:
             self.needs_accelerator -= self.accelerator_params
             self.accelerator_params = set()
+            self.accelerator_classes = set()
 
     def anchors(self) -> list[str]:
         """The core objects the setup scope binds: ``prepare`` goes after the last of them."""
@@ -180,6 +185,8 @@ class Plan:
             return self.accelerator
         if key in self.needs_accelerator:
             return "accelerator"
+        if key.split(".")[0] in self.accelerator_classes and "." in key:
+            return "self.accelerator"
         return None
 
 
@@ -530,7 +537,7 @@ class _Analyzer(cst.CSTVisitor):
         """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
         is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
         backwards = [c for c in self.backwards if self._tensor_backward(c)
-                     and code_of(c.func.value) not in ("accelerator", "self.accelerator")]  # type: ignore[attr-defined]
+                     and code_of(c.func.value) not in ACCELERATOR_SPELLINGS]  # type: ignore[attr-defined]
         if not backwards or self.plan.has_accelerator or m.findall(self._module, m.Name("Accelerator")):
             return
         self.finding(
@@ -879,7 +886,7 @@ class _Analyzer(cst.CSTVisitor):
             if (
                 isinstance(func, cst.Attribute)
                 and func.attr.value in COLLECTIVES
-                and cst.Module(body=[]).code_for_node(func.value) in (self.plan.accelerator, "accelerator")
+                and cst.Module(body=[]).code_for_node(func.value) in (self.plan.accelerator, *ACCELERATOR_SPELLINGS)
                 and under_main_process_check(self, call)
             ):
                 self.finding(
@@ -1038,15 +1045,21 @@ class _Analyzer(cst.CSTVisitor):
         """Which parameters of module-level functions receive loaders, models or devices."""
         plan = self.plan
         calls: dict[str, list[tuple[cst.Call, dict[str, cst.BaseExpression]]]] = {}
+        funcs: dict[str, cst.FunctionDef] = {}
         for name, func in self.functions.items():
             sites = self._call_sites(name, func)
             if sites:
-                calls[name] = sites
+                calls[name], funcs[name] = sites, func
+        for name in self.classes:
+            init = self._constructor(name)
+            sites = self._call_sites(name, init, self.classes[name]) if init is not None else []
+            if sites:  # `Trainer(model, loader, optimizer, device)`: the parameters of `Trainer.__init__`
+                calls[f"{name}.__init__"], funcs[f"{name}.__init__"] = sites, init  # type: ignore[assignment]
         changed = True
         while changed:
             changed = False
             for name, sites in calls.items():
-                for param in param_names(self.functions[name]):
+                for param in param_names(funcs[name]):
                     ref = (name, param)
                     args = [bound.get(param) for _, bound in sites]
                     if any(a is None for a in args):
@@ -1055,20 +1068,24 @@ class _Analyzer(cst.CSTVisitor):
                         if ref not in plan.flow[kind] and all(ref_of(self, a) in plan.flow[kind] for a in args):
                             plan.flow[kind].add(ref)
                             changed = True
+            changed |= self._attribute_flows()
         if plan.setup != MODULE and not self._is_script:
             return  # a module others may import: its functions' signatures are not ours to change
         for key, param in sorted(plan.flow["device"]):
             if key in self.functions and param in param_names(self.functions[key]):
                 plan.device_params.setdefault(key, []).append(param)
 
-    def _call_sites(self, name: str, func: cst.FunctionDef) -> list[tuple[cst.Call, dict[str, cst.BaseExpression]]]:
-        """Every call of a module-level function, with its arguments bound to parameter names.
+    def _call_sites(
+        self, name: str, func: cst.FunctionDef, cls: Optional[cst.ClassDef] = None
+    ) -> list[tuple[cst.Call, dict[str, cst.BaseExpression]]]:
+        """Every call of a module-level function (or of class ``cls``, whose ``__init__`` is
+        ``func``), with its arguments bound to parameter names.
 
         Empty when the function escapes (is passed around, decorated) or a call uses ``*args``.
         """
-        if func.decorators:
+        if func.decorators or (cls is not None and cls.decorators):
             return []
-        scope = self.get_metadata(ScopeProvider, func, None)
+        scope = self.get_metadata(ScopeProvider, cls if cls is not None else func, None)
         if scope is None:
             return []
         sites = []
@@ -1077,11 +1094,39 @@ class _Analyzer(cst.CSTVisitor):
                 call = self.get_metadata(ParentNodeProvider, access.node, None)
                 if not isinstance(call, cst.Call) or call.func is not access.node:
                     return []
-                bound = bind_arguments(func, call)
+                bound = bind_arguments(func, call, skip_self=cls is not None)
                 if bound is None:
                     return []
                 sites.append((call, bound))
         return sites
+
+    def _constructor(self, name: str) -> Optional[cst.FunctionDef]:
+        """The ``__init__`` of a plain module-level class (no bases but ``object``), if it has one."""
+        cls = self.classes[name]
+        if any(code_of(base.value) != "object" for base in cls.bases) or cls.keywords:
+            return None
+        return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
+                     and s.params.params and s.params.params[0].name.value == "self"), None)
+
+    def _attribute_flows(self) -> bool:
+        """``self.model = model.to(gpu_id)`` in a class handed ``model``: ``self.model`` is that model
+        too, when every binding of the attribute is such a parameter (placed or not)."""
+        plan, changed = self.plan, False
+        for (owner, name), assigns in self.assigns.items():
+            if owner not in self.classes or not name.startswith("self."):
+                continue
+            for kind in KINDS:
+                ref = (owner, name)
+                if ref in plan.flow[kind]:
+                    continue
+                values = [_chain_root(a.value) if kind != "device" else a.value for a in assigns]
+                if all(self._single_target(a) == ref for a in assigns) and all(
+                    ref_of(self, v) in plan.flow[kind] and ref_of(self, v)[0].startswith(owner + ".")  # type: ignore[index]
+                    for v in values
+                ):
+                    plan.flow[kind].add(ref)
+                    changed = True
+        return changed
 
     def _needs_accelerator(self) -> None:
         """Helpers outside the setup scope that call ``.backward()`` or gather metrics get the
@@ -1103,6 +1148,8 @@ class _Analyzer(cst.CSTVisitor):
             elif top == key and self._can_take_accelerator(key):
                 plan.needs_accelerator.add(key)
                 plan.accelerator_params.add(key)
+            elif top != key and top in self.classes and self._class_can_take_accelerator(top):
+                plan.accelerator_classes.add(top)
         # A helper that hands its own device parameter to one that now takes the accelerator
         # there must take the accelerator too: `train(..., device)` calling `train_epoch(..., device)`.
         changed = True
@@ -1141,13 +1188,26 @@ class _Analyzer(cst.CSTVisitor):
                 continue
             if not self._tensor_backward(call):
                 continue
-            if code_of(call.func.value) in (plan.accelerator, "accelerator"):  # type: ignore[attr-defined]
+            if code_of(call.func.value) in (plan.accelerator, *ACCELERATOR_SPELLINGS):  # type: ignore[attr-defined]
                 continue
             scope = self.get_metadata(ScopeProvider, call, None)
             if scope is not None and any(scope_key(a.scope) == key for a in scope["accelerator"]):
                 continue  # hand-written Accelerate code with its own accelerator
             return call
         return None
+
+    def _class_can_take_accelerator(self, name: str) -> bool:
+        """A script's class handed the training objects (``Trainer(model, loader, optimizer)``) can take
+        the accelerator as the first argument of every construction, made where the Accelerator is
+        visible, and keep it as ``self.accelerator``."""
+        init = self._constructor(name)
+        if not self._is_script or init is None or init.params.posonly_params or self.plan.class_mode:
+            return False
+        cls = self.classes[name]
+        if "accelerator" in param_names(init) or m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))):
+            return False
+        sites = self._call_sites(name, init, cls)
+        return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) == "accelerator" for call, _ in sites)
 
     def _can_take_accelerator(self, name: str) -> bool:
         """A script's module-level helper can get a new first parameter ``accelerator`` when every
@@ -1366,6 +1426,19 @@ class _Analyzer(cst.CSTVisitor):
             )
             return False
         block, index = located
+        core = plan.refs(plan.core())
+        for stmt in block.body[:index]:
+            for call in m.findall(stmt, m.Call(func=m.Name())):
+                handed = [a.value for a in call.args if ref_of(self, a.value) in core]  # type: ignore[attr-defined]
+                if call.func.value in self.classes and handed:  # type: ignore[attr-defined]
+                    self.finding(
+                        call, "ACC104", f"`{code_of(call.func)}` is handed `{code_of(handed[0])}` before the "  # type: ignore[attr-defined]
+                        "last training object is built, where `prepare` goes: it would keep the unprepared "
+                        "object. File not converted.",
+                        f"build every training object first, then `{code_of(call.func)}(...)` after "  # type: ignore[attr-defined]
+                        f"`{plan.accelerator}.prepare(...)`.",
+                    )
+                    return False
         for name in names:
             if not _bound_on_all_paths(block.body[:index], name):
                 self.finding(
@@ -1519,10 +1592,13 @@ def param_names(func: cst.FunctionDef) -> list[str]:
     return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
 
 
-def bind_arguments(func: cst.FunctionDef, call: cst.Call) -> Optional[dict[str, cst.BaseExpression]]:
-    """Map a call's arguments to parameter names; ``None`` for ``*args``/``**kwargs`` calls."""
+def bind_arguments(
+    func: cst.FunctionDef, call: cst.Call, skip_self: bool = False
+) -> Optional[dict[str, cst.BaseExpression]]:
+    """Map a call's arguments to parameter names; ``None`` for ``*args``/``**kwargs`` calls.
+    ``skip_self``: ``func`` is the ``__init__`` a class call runs."""
     p = func.params
-    positional = [x.name.value for x in (*p.posonly_params, *p.params)]
+    positional = [x.name.value for x in (*p.posonly_params, *p.params)][1 if skip_self else 0:]
     keyword = {x.name.value for x in (*p.params, *p.kwonly_params)}
     bound: dict[str, cst.BaseExpression] = {}
     index = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelify.analysis import MODULE, key_at, ref_of
 from accelify.plan import Plan, bind_arguments
@@ -69,34 +70,71 @@ class AcceleratorParameter(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return bool(plan.accelerator_params)
+        return bool(plan.accelerator_params or plan.accelerator_classes)
 
     def visit_Module(self, node: cst.Module) -> None:
         self._functions = {
             s.name.value: s for s in node.body
             if isinstance(s, cst.FunctionDef) and s.name.value in self.plan.accelerator_params
         }
+        # A class handed the training objects: its `__init__` takes the accelerator and keeps it.
+        for s in node.body:
+            if isinstance(s, cst.ClassDef) and s.name.value in self.plan.accelerator_classes:
+                init = next(f for f in s.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__")
+                self._functions[s.name.value] = init
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         name = original_node.name.value
-        if name not in self._functions or key_at(self, original_node) != MODULE:
+        owner = key_at(self, original_node)
+        if name == "__init__" and owner in self.plan.accelerator_classes:
+            return self._constructor(owner, updated_node)
+        if name not in self._functions or owner != MODULE:
             return updated_node
+        self.change(original_node, f"`{name}` takes the accelerator as its first parameter")
+        return self._first_parameter(updated_node, 0)
+
+    def _constructor(self, cls: str, node: cst.FunctionDef) -> cst.FunctionDef:
+        """``def __init__(self, model, ...)`` -> ``def __init__(self, accelerator, model, ...)`` and
+        ``self.accelerator = accelerator`` first (after a docstring)."""
+        self.change(node, f"`{cls}` takes the accelerator and keeps it as `self.accelerator`")
+        node = self._first_parameter(node, 1)
+        body = list(node.body.body)  # type: ignore[attr-defined]
+        at = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
+        keep = self.parse_statement("self.accelerator = accelerator\n")
+        if at == 0 and body:
+            keep = keep.with_changes(leading_lines=body[0].leading_lines)
+            body[0] = body[0].with_changes(leading_lines=[])
+        body.insert(at, keep)
+        return node.with_changes(body=node.body.with_changes(body=body))
+
+    def _first_parameter(self, updated_node: cst.FunctionDef, index: int) -> cst.FunctionDef:
         params = list(updated_node.params.params)
         first = cst.Param(name=cst.Name("accelerator"))
+        if index:  # after `self`, laid out as `self` is (one parameter per line stays so)
+            if isinstance(params[0].comma, cst.Comma):
+                first = first.with_changes(comma=params[0].comma)
+            else:
+                params[0] = params[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                if updated_node.params.star_arg is not cst.MaybeSentinel.DEFAULT or updated_node.params.kwonly_params:
+                    first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            params.insert(1, first)
+            return updated_node.with_changes(params=updated_node.params.with_changes(params=params))
         if params:
             # `(model, loader)` -> `(accelerator, model, loader)`; one parameter per line stays so
             first = first.with_changes(comma=params[0].comma if isinstance(params[0].comma, cst.Comma) else cst.Comma(
                 whitespace_after=cst.SimpleWhitespace(" ")))
         elif updated_node.params.star_arg is not cst.MaybeSentinel.DEFAULT or updated_node.params.kwonly_params:
             first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        self.change(original_node, f"`{name}` takes the accelerator as its first parameter")
         return updated_node.with_changes(params=updated_node.params.with_changes(params=[first, *params]))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         func = original_node.func
         if not isinstance(func, cst.Name) or func.value not in self._functions:
             return updated_node
-        if ref_of(self, func) != (MODULE, func.value) or bind_arguments(self._functions[func.value], original_node) is None:
+        is_class = func.value in self.plan.accelerator_classes
+        if ref_of(self, func) != (MODULE, func.value) or bind_arguments(
+            self._functions[func.value], original_node, skip_self=is_class
+        ) is None:
             return updated_node
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:  # the analysis checked every call site: cannot happen, never guess

@@ -6,6 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
+from accelify.analysis import ACCELERATOR_SPELLINGS
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod, accelerator_attr
@@ -56,7 +57,7 @@ class Backward(AccelifyCodemod):
         if not m.matches(original_node.func, m.Attribute(attr=m.Name("backward"))):
             return updated_node
         receiver = original_node.func.value  # type: ignore[union-attr]
-        if cst.Module(body=[]).code_for_node(receiver) in (self.plan.accelerator, "accelerator"):
+        if cst.Module(body=[]).code_for_node(receiver) in (self.plan.accelerator, *ACCELERATOR_SPELLINGS):
             return updated_node
         if any(q.source is QualifiedNameSource.IMPORT for q in self.get_metadata(QualifiedNameProvider, receiver, set())):
             return updated_node  # torch.autograd.backward(...) is a function, not a tensor method

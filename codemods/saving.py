@@ -70,14 +70,16 @@ class Saving(AccelifyCodemod):
 
     def _checkpoint_states(self, module: cst.Module) -> set[int]:
         """``model.state_dict()`` calls inside a dict that ``torch.save`` writes (directly, or through
-        the name it is bound to): they are saved from the unwrapped model."""
-        dicts: list[cst.Dict] = []
+        the name it is bound to), or bound to the name it writes: saved from the unwrapped model."""
+        dicts: list[cst.BaseExpression] = []
         for call in m.findall(module, m.Call()):
             if not qualified_names(self, call.func) & TORCH_SAVE or not call.args:  # type: ignore[attr-defined]
                 continue
             first = call.args[0].value  # type: ignore[attr-defined]
-            values = assigned_values(self, first) if isinstance(first, cst.Name) else [first]
-            dicts.extend(v for v in values if isinstance(v, cst.Dict))
+            if isinstance(first, cst.Name):  # `checkpoint = {...}` or `checkpoint = model.state_dict()`
+                dicts.extend(v for v in assigned_values(self, first) if isinstance(v, (cst.Dict, cst.Call)))
+            elif isinstance(first, cst.Dict):
+                dicts.append(first)
         return {
             id(c) for d in dicts for c in m.findall(d, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
             if ref_of(self, c.func.value) in self.plan.flow["model"]  # type: ignore[attr-defined]
@@ -108,6 +110,12 @@ class Saving(AccelifyCodemod):
         if ref_of(self, owner) in self.plan.flow["model"]:
             return cst.Module(body=[]).code_for_node(owner)
         return None
+
+    def _one_model_state(self, expr: cst.BaseExpression) -> bool:
+        """``checkpoint = model.state_dict()`` ... ``torch.save(checkpoint, path)``: one model's weights."""
+        values = assigned_values(self, expr) if isinstance(expr, cst.Name) else []
+        return bool(values) and all(m.matches(v, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
+                                    for v in values)
 
     def _training_state(self, expr: cst.BaseExpression) -> bool:
         """A dict holding the state of a prepared model or optimizer (or a name bound to one)."""
@@ -163,7 +171,7 @@ class Saving(AccelifyCodemod):
                     "`accelerator.save_state(output_dir)` / `accelerator.load_state(output_dir)`.",
                 )
             return updated
-        if state:
+        if state and not self._one_model_state(call.args[0].value):
             self.finding(
                 call, "ACC111", "a checkpoint of the whole training state: saved once with `accelerator.save`, the "
                 "models in it unwrapped; that is right for one device or DDP, not for sharded training.",
