@@ -36,7 +36,7 @@ FINDINGS: dict[str, str] = {
     "too slowly with N processes. Otherwise `prepare` goes after it and takes it too.",
     "ACC114": "Evaluation metrics over a prepared dataloader that accelify cannot gather (code that cannot reach "
     "the Accelerator, no `output = model(...)` to gather, a metric before the model runs, an output read whole and "
-    "in parts, gathered values also used by other code): each process would count its own shard only; file left "
+    "in parts, gathered values also used by other code or sliced along their first dimension): each process would count its own shard only; file left "
     "unchanged.",
     "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
@@ -55,8 +55,10 @@ FINDINGS: dict[str, str] = {
     "leave hand-made data on the CPU; file left unchanged.",
     "ACC122": "A scheduler stepped both once per batch and outside the batch loop: no `prepare` choice keeps its "
     "learning rates those of one process; file left unchanged.",
-    "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (returned by a helper, built "
-    "elsewhere): every process would train on all of it; file left unchanged.",
+    "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (built elsewhere, passed in, or "
+    "returned by a helper that may return something else): every process would train on all of it; file left "
+    "unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
+    "they are prepared where it is called.",
     "ACC124": "The training data is no DataLoader (hand-sliced tensors, `get_batch()`): converted, but not "
     "sharded, every process trains on all of it; reported.",
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
@@ -66,8 +68,9 @@ FINDINGS: dict[str, str] = {
     "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
     "outside the setup code that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "
     "`with accelerator.main_process_first():`).",
-    "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator: every process would write "
-    "it, with the wrapper's `module.` keys; file left unchanged.",
+    "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator, or the `state_dict()` of a "
+    "model handed in as a parameter accelify does not follow (an early-stopping callback's `save_checkpoint(self, "
+    "val_loss, model)`): every process would write it, with the wrapper's `module.` keys; file left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
 }

@@ -415,6 +415,11 @@ class _Analyzer(cst.CSTVisitor):
             if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, DATALOADERS)
             and self._single_target(a) == ref
         ]
+        # `train_loader, test_loader = get_loaders(args)`: a helper of this file that returns DataLoaders
+        loaders += [
+            (ref, assigns[0]) for ref, assigns in in_owner.items()
+            if assigns and all(self._helper_loader(a, ref) for a in assigns)
+        ]
         plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self._line(x[1])))
         if plan.setup != plan.owner and not plan.setup.endswith(".__init__"):
             again = self._init_objects(plan.owner)
@@ -578,6 +583,45 @@ class _Analyzer(cst.CSTVisitor):
             return
         self.plan.cpu_flag = _negate(test)
         self._use_argument(test)
+
+    def _helper_loader(self, assign: cst.Assign, ref: Ref) -> bool:
+        """``loader = get_loader(...)`` / ``train, test = get_loaders(...)``: the value at ``ref``'s place
+        is a DataLoader that a module-level function of this file builds and returns, on every return."""
+        value = assign.value
+        if len(assign.targets) != 1 or not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return False
+        func = self.functions.get(value.func.value)
+        if func is None or ref_of(self, value.func) != (MODULE, value.func.value):
+            return False
+        target = assign.targets[0].target
+        if isinstance(target, (cst.Tuple, cst.List)):
+            names = [e.value for e in target.elements]
+            index = next((i for i, n in enumerate(names) if ref_of(self, n) == ref), None)
+            if index is None or any(isinstance(e, cst.StarredElement) for e in target.elements):
+                return False
+        elif ref_of(self, target) == ref:
+            names, index = [target], None
+        else:
+            return False
+        returns = [r for r in m.findall(func.body, m.Return()) if key_at(self, r) == func.name.value]
+        if not returns:
+            return False
+        for ret in returns:
+            returned = ret.value  # type: ignore[attr-defined]
+            if index is not None:
+                if not isinstance(returned, cst.Tuple) or len(returned.elements) != len(names):
+                    return False
+                returned = returned.elements[index].value
+            if returned is None or not self._built_loader(returned):
+                return False
+        return True
+
+    def _built_loader(self, expr: cst.BaseExpression) -> bool:
+        """``DataLoader(...)``, or a name bound only to ``DataLoader(...)`` where it is read."""
+        if isinstance(expr, cst.Call):
+            return has_qname(self, expr.func, DATALOADERS)
+        values = assigned_values(self, expr) if isinstance(expr, cst.Name) else []
+        return bool(values) and all(isinstance(v, cst.Call) and has_qname(self, v.func, DATALOADERS) for v in values)
 
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
@@ -1245,7 +1289,8 @@ class _Analyzer(cst.CSTVisitor):
                     self.finding(
                         loop, "ACC123",
                         f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare (it is not "
-                        "built where the model and optimizer are): every process would train on all of it. "
+                        "built where the model and optimizer are, nor returned there by a helper of this file that "
+                        "builds it on every path): every process would train on all of it. "
                         "File not converted.",
                         "build the DataLoader beside the model and optimizer, or pass it through the same "
                         "`accelerator.prepare(...)` call.",

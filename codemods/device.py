@@ -232,7 +232,7 @@ class RemoveDevice(AccelifyCodemod):
             params.append(param)
         old = updated_node.params.params
         if params and old and params[-1] is not old[-1]:  # the last one went: do not leave its comma dangling
-            params[-1] = params[-1].with_changes(comma=old[-1].comma)
+            params[-1] = params[-1].with_changes(comma=old[-1].comma, whitespace_after_param=old[-1].whitespace_after_param)
         return updated_node.with_changes(params=updated_node.params.with_changes(params=params))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
@@ -259,6 +259,8 @@ class RemoveDevice(AccelifyCodemod):
                     arg = arg.with_changes(keyword=cst.Name("accelerator"))
             args.append(arg)
         if args and updated_node.args and args[-1] is not updated_node.args[-1]:
-            args[-1] = args[-1].with_changes(comma=updated_node.args[-1].comma)
+            # and the line break before `)` that followed it
+            args[-1] = args[-1].with_changes(comma=updated_node.args[-1].comma,
+                                             whitespace_after_arg=updated_node.args[-1].whitespace_after_arg)
         return updated_node.with_changes(args=args)
 

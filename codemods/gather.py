@@ -161,6 +161,19 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
             what = ", ".join(f"`{n}`" for n in used)
             return (f"the values they read ({what}) are also used by code that is not a metric; gathered, they would "
                     "hold every process's samples there too (another shape)")
+    # `output[1:]` of a gathered tensor: its first dimension holds every process's rows one after the
+    # other (or is time, not samples: seq2seq's `[trg length, batch size]`), and a slice of it is not
+    # the slice of one process.
+    for s in later:
+        for sub in m.findall(s, m.Subscript(value=m.Name())):
+            first = sub.slice[0].slice  # type: ignore[attr-defined]
+            if sub.value.value in gathered and isinstance(first, cst.Slice) and (  # type: ignore[attr-defined]
+                first.lower is not None or first.upper is not None
+            ):
+                code = cst.Module(body=[]).code_for_node(sub)
+                return (f"they slice the first dimension of `{sub.value.value}` (`{code}`): gathered, it holds "  # type: ignore[attr-defined]
+                        "every process's rows one after the other (or it is not the sample dimension at all, "
+                        "as in time-major sequences), so the slice would take other values")
     names: list[str] = []
     values: list[str] = []
     replace: dict[int, str] = {}

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import ParentNodeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analysis import (
     TORCH_LOAD,
@@ -22,6 +23,9 @@ from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
+
+# A parameter's state_dict that is no model's: an optimizer's, a scheduler's, a scaler's.
+_NOT_A_MODEL = re.compile(r"optim|sched|scaler|state", re.I)
 
 
 class Saving(AccelifyCodemod):
@@ -111,6 +115,21 @@ class Saving(AccelifyCodemod):
             return cst.Module(body=[]).code_for_node(owner)
         return None
 
+    def _handed_model(self, expr: cst.BaseExpression) -> Optional[str]:
+        """``torch.save(model.state_dict(), path)`` in a method given ``model`` (an early-stopping
+        callback's ``save_checkpoint(self, val_loss, model)``): a parameter accelify does not follow."""
+        values = assigned_values(self, expr) if isinstance(expr, cst.Name) else [expr]
+        for value in values:
+            for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
+                owner = call.func.value  # type: ignore[attr-defined]
+                if not isinstance(owner, cst.Name) or owner.value == "self" or ref_of(self, owner) in self.plan.flow["model"]:
+                    continue  # `self.state_dict()` in the model's own method: a wrapper has no such method
+                scope = self.get_metadata(ScopeProvider, owner, None)
+                if scope is not None and any(isinstance(a.node, cst.Param) for a in scope[owner.value] if hasattr(a, "node")):
+                    if not _NOT_A_MODEL.search(owner.value):
+                        return owner.value
+        return None
+
     def _one_model_state(self, expr: cst.BaseExpression) -> bool:
         """``checkpoint = model.state_dict()`` ... ``torch.save(checkpoint, path)``: one model's weights."""
         values = assigned_values(self, expr) if isinstance(expr, cst.Name) else []
@@ -152,6 +171,16 @@ class Saving(AccelifyCodemod):
         if whole:  # torch.save(model, path): pickle the plain model, once
             model = cst.Module(body=[]).code_for_node(call.args[0].value)
         state = model is None and self._training_state(call.args[0].value)
+        handed = self._handed_model(call.args[0].value) if model is None else None
+        if handed is not None:
+            self.refuse(
+                call, "ACC128", f"a `state_dict()` of `{handed}`, a parameter here, is saved with `torch.save`: "
+                "handed the prepared model, every process would write it, with the DistributedDataParallel "
+                "wrapper's `module.` keys, and accelify cannot follow what is handed in. File not converted.",
+                f"save `accelerator.unwrap_model({handed}).state_dict()` with `accelerator.save(...)`, after "
+                "`accelerator.wait_for_everyone()`.",
+            )
+            return updated
         if model is None and not state:
             return updated
         if accelerator is None:

@@ -64,6 +64,7 @@ RUNNABLE = {
     "autocast_kept": Expect(),
     "best_checkpoint": Expect(evals=("Validation",), saves=("best.pt",), repeated_saves=("best.pt",)),
     "scheduler_sized_before_prepare": Expect(evals=("after epoch",), invariant=("after epoch",)),
+    "loaders_from_helper_runnable": Expect(evals=("Test set",)),
     "trainer_receives_objects": Expect(saves=("checkpoint.pt",)),
     "trainer_builds_optimizer": Expect(evals=("Test set", "after epoch"), invariant=("after epoch",)),
 }
