@@ -503,8 +503,8 @@ class _Analyzer(cst.CSTVisitor):
         uses = [
             node for node in m.findall(module, m.Attribute(attr=m.Name(method)))
             if ref_of(self, node.value) in instances  # type: ignore[attr-defined]
-            or m.matches(node.value, m.Call(func=m.Name(cls)) | m.Name("self"))  # type: ignore[attr-defined]
-            and (code_of(node.value) != "self" or key_at(self, node).split(".")[0] == cls)  # type: ignore[union-attr]
+            or m.matches(node.value, m.Call(func=m.Name(cls)))  # type: ignore[attr-defined]
+            or (code_of(node.value) == "self" and (key_at(self, node) or "").split(".")[0] == cls)  # type: ignore[attr-defined]
         ]
         if not uses:
             return f"`{method}` is not called in this file (called from elsewhere, it may run `prepare` more than once)"

@@ -147,6 +147,37 @@ MUTANTS = [
         tests=("tests/test_cli.py",),
     ),
     Mutant(
+        "method-prepare-runs-twice", "a trainer's train() called twice prepares (wraps) the model twice",
+        "accelify/plan.py",
+        "        if len(uses) != 1:\n",
+        "        if len(uses) > 2:\n",
+    ),
+    Mutant(
+        "early-sized-scheduler-unprepared", "a schedule sized before prepare decays N times too slowly",
+        "accelify/plan.py",
+        "                plan.sized_early.append(ref[1])\n",
+        "                pass\n",
+        tests=tuple(E2E),
+    ),
+    Mutant(
+        "trainer-built-before-prepare", "a trainer handed the model before prepare keeps the unprepared one",
+        "accelify/plan.py",
+        "                if call.func.value in self.classes and handed:  # type: ignore[attr-defined]\n",
+        "                if False:\n",
+    ),
+    Mutant(
+        "handed-model-state-saved", "a callback saves the wrapper's module. keys on every process",
+        "codemods/saving.py",
+        "        handed = self._handed_model(call.args[0].value) if model is None else None\n",
+        "        handed = None\n",
+    ),
+    Mutant(
+        "gathered-slice-allowed", "time-major outputs gathered along time: another metric",
+        "codemods/gather.py",
+        "            if sub.value.value in gathered and isinstance(first, cst.Slice) and (  # type: ignore[attr-defined]\n",
+        "            if False and (  # type: ignore[attr-defined]\n",
+    ),
+    Mutant(
         "cli-no-color-ignored", "--no-color still colours the diff on a terminal",
         "accelify/cli.py",
         "    use_color = color if color is not None else sys.stdout.isatty()\n",
