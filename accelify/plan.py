@@ -131,6 +131,12 @@ class Plan:
     def class_mode(self) -> bool:
         return self.owner != self.setup
 
+    @property
+    def method_mode(self) -> bool:
+        """A trainer class whose optimizer is built in a method other than ``__init__`` (``Trainer.train``):
+        the Accelerator lives in ``__init__``, ``prepare`` runs in that method."""
+        return self.class_mode and not self.setup.endswith(".__init__")
+
     def core(self) -> list[str]:
         """Dataloaders, models, optimizers: the objects that decide where ``prepare`` goes."""
         return [*self.dataloaders, *self.models, *self.optimizers]
@@ -375,7 +381,7 @@ class _Analyzer(cst.CSTVisitor):
         if any(f.code == "ACC100" for f in plan.findings):
             return
 
-        homes = {plan.owner, plan.setup} if plan.class_mode and not plan.setup.endswith(".__init__") else {plan.owner}
+        homes = {plan.owner, plan.setup} if plan.method_mode else {plan.owner}
         in_owner = {ref: assigns for ref, assigns in self.assigns.items() if ref[0] in homes}
         plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: self._line(optimizers[r][0]))]
         for assign, models in sorted(optimizers.values(), key=lambda v: self._line(v[0])):
@@ -421,7 +427,7 @@ class _Analyzer(cst.CSTVisitor):
             if assigns and all(self._helper_loader(a, ref) for a in assigns)
         ]
         plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self._line(x[1])))
-        if plan.setup != plan.owner and not plan.setup.endswith(".__init__"):
+        if plan.method_mode:
             again = self._init_objects(plan.owner)
             if again is not None:
                 name = next(n for n in plan.core() if binds(cst.SimpleStatementLine([again]), {n}))

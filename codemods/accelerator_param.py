@@ -91,13 +91,13 @@ class AcceleratorParameter(AccelifyCodemod):
         if name not in self._functions or owner != MODULE:
             return updated_node
         self.change(original_node, f"`{name}` takes the accelerator as its first parameter")
-        return self._first_parameter(updated_node, 0)
+        return self._first_parameter(updated_node, after_self=False)
 
     def _constructor(self, cls: str, node: cst.FunctionDef) -> cst.FunctionDef:
         """``def __init__(self, model, ...)`` -> ``def __init__(self, accelerator, model, ...)`` and
         ``self.accelerator = accelerator`` first (after a docstring)."""
         self.change(node, f"`{cls}` takes the accelerator and keeps it as `self.accelerator`")
-        node = self._first_parameter(node, 1)
+        node = self._first_parameter(node, after_self=True)
         body = list(node.body.body)  # type: ignore[attr-defined]
         at = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
         keep = self.parse_statement("self.accelerator = accelerator\n")
@@ -107,25 +107,22 @@ class AcceleratorParameter(AccelifyCodemod):
         body.insert(at, keep)
         return node.with_changes(body=node.body.with_changes(body=body))
 
-    def _first_parameter(self, updated_node: cst.FunctionDef, index: int) -> cst.FunctionDef:
+    def _first_parameter(self, updated_node: cst.FunctionDef, after_self: bool) -> cst.FunctionDef:
+        """``(model, loader)`` -> ``(accelerator, model, loader)``; after ``self`` for a constructor.
+        The new parameter is laid out as the first one is (one parameter per line stays so)."""
         params = list(updated_node.params.params)
+        at = 1 if after_self else 0
+        space = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         first = cst.Param(name=cst.Name("accelerator"))
-        if index:  # after `self`, laid out as `self` is (one parameter per line stays so)
-            if isinstance(params[0].comma, cst.Comma):
-                first = first.with_changes(comma=params[0].comma)
-            else:
-                params[0] = params[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-                if updated_node.params.star_arg is not cst.MaybeSentinel.DEFAULT or updated_node.params.kwonly_params:
-                    first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            params.insert(1, first)
-            return updated_node.with_changes(params=updated_node.params.with_changes(params=params))
-        if params:
-            # `(model, loader)` -> `(accelerator, model, loader)`; one parameter per line stays so
-            first = first.with_changes(comma=params[0].comma if isinstance(params[0].comma, cst.Comma) else cst.Comma(
-                whitespace_after=cst.SimpleWhitespace(" ")))
-        elif updated_node.params.star_arg is not cst.MaybeSentinel.DEFAULT or updated_node.params.kwonly_params:
-            first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return updated_node.with_changes(params=updated_node.params.with_changes(params=[first, *params]))
+        more = updated_node.params.star_arg is not cst.MaybeSentinel.DEFAULT or bool(updated_node.params.kwonly_params)
+        if params and isinstance(params[0].comma, cst.Comma):
+            first = first.with_changes(comma=params[0].comma)
+        elif len(params) > at or more:
+            first = first.with_changes(comma=space)
+        if after_self and not isinstance(params[0].comma, cst.Comma):
+            params[0] = params[0].with_changes(comma=space)  # `(self)` -> `(self, accelerator)`
+        params.insert(at, first)
+        return updated_node.with_changes(params=updated_node.params.with_changes(params=params))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         func = original_node.func

@@ -252,9 +252,9 @@ class RemovePlacement(AccelifyCodemod):
             name = cst.Module(body=[]).code_for_node(first)
             root = root_name(receiver)
             training_data = on_model or (root is not None and root.value in self._current_derived())
-            if training_data and _DEVICE_LIKE.search(name) and not name.endswith(".device") and key_at(
-                self, call
-            ) != self.plan.setup:
+            if not training_data or not _DEVICE_LIKE.search(name) or name.endswith(".device"):
+                return
+            if key_at(self, call) != self.plan.setup:
                 # A device handed in from elsewhere (`Trainer(..., gpu_id)` given a module-level
                 # `device = 0`): after `prepare` it would move the model or the batches off each
                 # process's own device.
@@ -265,7 +265,7 @@ class RemovePlacement(AccelifyCodemod):
                     "build the device where the model and optimizer are built (`device = torch.device(\"cuda\" if "
                     "torch.cuda.is_available() else \"cpu\")`) and pass it on from there, or use `accelerator.device`.",
                 )
-            elif training_data and _DEVICE_LIKE.search(name) and not name.endswith(".device"):
+            else:
                 self.finding(
                     call, "ACC108", f"`.to({name})`: a device accelify does not recognise; left as it is.",
                     "if this is the training device, use `accelerator.device` (Accelerate picks one device per process).",
