@@ -30,6 +30,8 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify.walk import findall
 from libcst.metadata import ScopeProvider
 
 from accelify.analysis import peel_iterable, qualified_names, ref_of
@@ -52,15 +54,15 @@ class Accumulation:
 
 def looks_manual(loop: cst.For) -> bool:
     """``loss = loss / N`` (or ``/=``) and an optimizer step under ``if ... % N == 0`` in the same loop."""
-    divides = bool(m.findall(loop.body, m.AugAssign(operator=m.DivideAssign()))) or bool(
-        m.findall(loop.body, m.Assign(value=m.BinaryOperation(operator=m.Divide())))
+    divides = bool(findall(loop.body, m.AugAssign(operator=m.DivideAssign()))) or bool(
+        findall(loop.body, m.Assign(value=m.BinaryOperation(operator=m.Divide())))
     )
     if not divides:
         return False
     return any(
-        m.findall(branch, m.Call(func=m.Attribute(attr=m.Name("step"))))
-        for branch in m.findall(loop.body, m.If(test=m.Comparison(left=m.BinaryOperation(operator=m.Modulo()))))
-        + m.findall(loop.body, m.If(test=m.BooleanOperation()))
+        findall(branch, m.Call(func=m.Attribute(attr=m.Name("step"))))
+        for branch in findall(loop.body, m.If(test=m.Comparison(left=m.BinaryOperation(operator=m.Modulo()))))
+        + findall(loop.body, m.If(test=m.BooleanOperation()))
     )
 
 
@@ -180,7 +182,7 @@ def match(visitor: cst.MetadataDependent, loop: cst.For, plan) -> Union[Accumula
     divisions = [(i, d) for i, s in enumerate(body) if (d := _division(s)) is not None]
     branches = [
         (i, s) for i, s in enumerate(body)
-        if isinstance(s, cst.If) and m.findall(s.body, m.Call(func=m.Attribute(attr=m.Name("step"))))
+        if isinstance(s, cst.If) and findall(s.body, m.Call(func=m.Attribute(attr=m.Name("step"))))
     ]
     if len(divisions) != 1 or len(branches) != 1:
         return "the division of the loss and the optimizer step are not one statement each in the loop body"
@@ -210,23 +212,23 @@ def match(visitor: cst.MetadataDependent, loop: cst.For, plan) -> Union[Accumula
         return "the last-batch test measures another dataloader"
 
     backwards = [i for i, s in enumerate(body) if _backward_of(s, loss, plan.scalers)]
-    all_backwards = m.findall(loop.body, m.Call(func=m.Attribute(attr=m.Name("backward"))))
+    all_backwards = findall(loop.body, m.Call(func=m.Attribute(attr=m.Name("backward"))))
     if len(backwards) != 1 or len(all_backwards) != 1 or not d_index < backwards[0] < b_index:
         return "the loss is not divided, then `.backward()`-ed once, before the step"
     others = [s for i, s in enumerate(body) if i != b_index]
     stepping = m.Call(func=m.Attribute(attr=m.Name("step") | m.Name("zero_grad")))
-    if any(m.findall(s, stepping) for s in others):
+    if any(findall(s, stepping) for s in others):
         return "an optimizer or scheduler is stepped (or zeroed) outside the `% N` branch"
     if not _loss_used_only_before(visitor, loop, body, d_index, backwards[0], loss, self_divided):
         return "the divided loss is used beyond `.backward()` (logged or returned): its value would change"
 
     models = {
-        code_of(node) for node in m.findall(loop.body, m.Name() | m.Attribute())
+        code_of(node) for node in findall(loop.body, m.Name() | m.Attribute())
         if ref_of(visitor, node) in plan.flow["model"]  # type: ignore[arg-type]
     }
     if len(plan.models) != 1 or len(models) != 1:
         return "the loop does not train exactly one model"
-    if m.findall(loop.body, m.Call(func=m.Attribute(attr=m.Name("accumulate")))):
+    if findall(loop.body, m.Call(func=m.Attribute(attr=m.Name("accumulate")))):
         return "the loop already uses `accumulate`"
     return Accumulation(loop, steps, body[d_index], branch, models.pop())  # type: ignore[arg-type]
 
@@ -240,7 +242,7 @@ def _loss_used_only_before(
     scope = visitor.get_metadata(ScopeProvider, body[b_index], None)
     if scope is None:
         return False
-    allowed_nodes = {id(n) for n in m.findall(body[b_index], m.Name(loss))}
+    allowed_nodes = {id(n) for n in findall(body[b_index], m.Name(loss))}
     if self_divided:
         # Reads between the statement that computes the loss and the division see the
         # undivided value, before and after the rewrite alike.
@@ -248,7 +250,7 @@ def _loss_used_only_before(
         if not computed:
             return False
         for stmt in body[computed[-1] + 1 : d_index + 1]:
-            allowed_nodes |= {id(n) for n in m.findall(stmt, m.Name(loss))}
+            allowed_nodes |= {id(n) for n in findall(stmt, m.Name(loss))}
     return all(id(access.node) in allowed_nodes for access in scope.accesses[loss])
 
 

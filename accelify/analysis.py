@@ -20,6 +20,8 @@ from typing import Iterator, Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify.walk import findall
 from libcst.metadata import BuiltinScope, ClassScope, FunctionScope, GlobalScope, QualifiedNameProvider, ScopeProvider
 
 # --------------------------------------------------------------------------
@@ -106,8 +108,8 @@ def assigned_names(target: cst.BaseExpression) -> list[str]:
 def read_names(node: cst.CSTNode) -> list[cst.Name]:
     """The ``Name`` nodes in ``node`` that name something, not the ``.attr`` part of an attribute
     (in ``torch.accelerator.x`` only ``torch``)."""
-    attrs = {id(a.attr) for a in m.findall(node, m.Attribute())}  # type: ignore[attr-defined]
-    return [n for n in m.findall(node, m.Name()) if id(n) not in attrs]  # type: ignore[misc]
+    attrs = {id(a.attr) for a in findall(node, m.Attribute())}  # type: ignore[attr-defined]
+    return [n for n in findall(node, m.Name()) if id(n) not in attrs]  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------
@@ -303,9 +305,20 @@ def setup_blocks(root: Union[cst.Module, cst.FunctionDef]) -> Iterator[Body]:
 BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
 
 
+_TRAINERS: list[tuple[cst.Module, frozenset[str]]] = []  # the last module asked about (one file at a time)
+
+
 def trainer_functions(module: cst.Module) -> set[str]:
     """Names of the module's functions and methods that train: they run a backward, or call
     (by name) one that does. ``train(model, loader)``, ``trainer.fit()``."""
+    if _TRAINERS and _TRAINERS[0][0] is module:
+        return set(_TRAINERS[0][1])
+    found = _trainer_functions(module)
+    _TRAINERS[:] = [(module, frozenset(found))]
+    return found
+
+
+def _trainer_functions(module: cst.Module) -> set[str]:
     defs: dict[str, list[cst.FunctionDef]] = {}
     for stmt in module.body:
         if isinstance(stmt, cst.FunctionDef):
@@ -314,7 +327,7 @@ def trainer_functions(module: cst.Module) -> set[str]:
             for inner in stmt.body.body:
                 if isinstance(inner, cst.FunctionDef):
                     defs.setdefault(inner.name.value, []).append(inner)
-    found = {name for name, funcs in defs.items() if any(m.findall(f, BACKWARD) for f in funcs)}
+    found = {name for name, funcs in defs.items() if any(findall(f, BACKWARD) for f in funcs)}
     changed = True
     while changed:
         changed = False
@@ -328,7 +341,7 @@ def trainer_functions(module: cst.Module) -> set[str]:
 def _calls_any(node: cst.CSTNode, names: set[str], objects: frozenset[str] = frozenset()) -> bool:
     """A call of one of ``names``; a method call on one of ``objects`` (``model.train()`` is
     ``nn.Module.train``, whatever a trainer class calls its own methods) does not count."""
-    for call in m.findall(node, m.Call(func=m.Name() | m.Attribute())):
+    for call in findall(node, m.Call(func=m.Name() | m.Attribute())):
         func = call.func  # type: ignore[attr-defined]
         if isinstance(func, cst.Attribute):
             root = root_name(func.value)
@@ -345,25 +358,35 @@ def trains(stmt: cst.BaseStatement, trainers: set[str], objects: frozenset[str] 
     (A definition runs nothing until it is called.)"""
     if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
         return False
-    return bool(m.findall(stmt, BACKWARD)) or _calls_any(stmt, trainers, objects)
+    return bool(findall(stmt, BACKWARD)) or _calls_any(stmt, trainers, objects)
 
 
 def locate_setup(
-    root: Union[cst.Module, cst.FunctionDef], names: set[str], trainers: Optional[set[str]] = None
+    root: Union[cst.Module, cst.FunctionDef], names: set[str], trainers: Optional[set[str]] = None,
+    ignore: frozenset[int] = frozenset(), created: frozenset[int] = frozenset(), created_name: str = "",
 ) -> Optional[tuple[Body, int]]:
     """The deepest block that binds every name, and the index just after the last binding.
 
     With ``trainers``, only bindings before the first statement that trains count: the
     objects training uses are the ones bound before it (a model bound again after training,
-    to reload a checkpoint for a test, is another object).
+    to reload a checkpoint for a test, is another object).  The conversion changes what some
+    statements bind: those in ``ignore`` bind nothing, those in ``created`` bind ``created_name``.
     """
+
+    def binding(stmt: cst.BaseStatement, wanted: set[str]) -> bool:
+        if id(stmt) in ignore:
+            return False
+        if id(stmt) in created and created_name in wanted:
+            return True
+        return binds(stmt, wanted)
+
     best: Optional[tuple[Body, int]] = None
     for block in setup_blocks(root):  # outermost first: a later match is nested in an earlier one
         end = len(block.body)
         if trainers is not None:
             end = next((i for i, stmt in enumerate(block.body) if trains(stmt, trainers, frozenset(names))), end)
-        hits = [i for i, stmt in enumerate(block.body[:end]) if binds(stmt, names)]
-        if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
+        hits = [i for i, stmt in enumerate(block.body[:end]) if binding(stmt, names)]
+        if hits and all(any(binding(block.body[i], {n}) for i in hits) for n in names):
             best = (block, hits[-1] + 1)
     return best
 
@@ -376,12 +399,13 @@ def bound_again(after: Sequence[cst.BaseStatement], names: set[str], trainers: s
 
 
 def rebound_region(
-    block: Body, index: int, names: set[str], rebound: set[str], trainers: set[str]
+    block: Body, index: int, names: set[str], rebound: set[str], trainers: set[str],
+    ignore: frozenset[int] = frozenset(),
 ) -> list[cst.BaseStatement]:
     """The setup block's statements from the first that binds one of ``rebound`` again after the
     ``prepare`` point (``index``): ``model = Net()`` to reload a checkpoint, a plain model from there on."""
     after = bound_again(block.body[index:], names, trainers)
-    first = next((i for i, stmt in enumerate(after) if binds(stmt, rebound)), len(after))
+    first = next((i for i, stmt in enumerate(after) if id(stmt) not in ignore and binds(stmt, rebound)), len(after))
     return after[first:]
 
 
@@ -475,7 +499,7 @@ def under_main_process_check(visitor: cst.MetadataDependent, node: cst.CSTNode) 
 
     parent = visitor.get_metadata(ParentNodeProvider, node, None)
     while parent is not None:
-        if isinstance(parent, cst.If) and m.findall(
+        if isinstance(parent, cst.If) and findall(
             parent.test, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
         ):
             return True

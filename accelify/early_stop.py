@@ -21,6 +21,8 @@ from typing import Iterator, Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from accelify.analysis import MODULE, RawFinding, assigned_names, key_at, peel_iterable, qualified_names, ref_of
@@ -119,7 +121,7 @@ class EarlyStops:
                 if node is loop:
                     return True
                 node = self.parent(node)
-        for call in m.findall(loop.body, m.Call(func=m.Name())):
+        for call in findall(loop.body, m.Call(func=m.Name())):
             if call.func.value in training_functions:  # type: ignore[attr-defined]
                 return True
         return False
@@ -133,7 +135,7 @@ class EarlyStops:
         tainted = {name for k, name in self.plan.flow["loader"] if k == key or (k == self.plan.owner and name.startswith("self."))}
         # (names bound, expressions read to compute them)
         bindings: list[tuple[list[str], list[cst.CSTNode]]] = []
-        for node in m.findall(root, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()):
+        for node in findall(root, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()):
             guards = self._guards(node, root)
             if isinstance(node, cst.Assign):
                 names = [n for t in node.targets for n in assigned_names(t.target)]

@@ -9,10 +9,9 @@ nothing raises on user input: a file that cannot be parsed comes back with
 from __future__ import annotations
 
 import ast
-import difflib
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Optional
 
 import libcst as cst
@@ -20,74 +19,33 @@ import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
-from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from accelify.analysis import RawFinding
+from accelify import walk
+from accelify.composite import Composite, Shared, resolve
+from accelify.names import read_anywhere, undefined_names
 from accelify.plan import analyze
 from accelify.codemods import gather_codemods
+from accelify.precheck import may_train, skipped, syntax_error
 from accelify.report import Change, Finding
-
-
-@dataclass(frozen=True)
-class Options:
-    line_length: int = 88
-    #: Run only the codemods with these codes (``None``: all of them).
-    select: Optional[frozenset[str]] = None
-    #: Report only the findings with these codes (``None``: all of them).
-    findings: Optional[frozenset[str]] = None
-
-
-@dataclass
-class Result:
-    path: str
-    source: str
-    output: str
-    changes: list[Change] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    error: Optional[str] = None
-
-    @property
-    def changed(self) -> bool:
-        return self.error is None and self.output != self.source
-
-
-class _LineMap:
-    """Maps a line of the text after N passes back to the original file's line."""
-
-    def __init__(self, text: str) -> None:
-        self.lines = text.splitlines(keepends=True)
-        self.origin = list(range(1, len(self.lines) + 1))
-
-    def to_original(self, line: int) -> int:
-        if not self.origin:
-            return max(line, 1)
-        return self.origin[min(max(line, 1), len(self.origin)) - 1]
-
-    def advance(self, text: str) -> None:
-        new = text.splitlines(keepends=True)
-        origin: list[int] = []
-        matcher = difflib.SequenceMatcher(None, self.lines, new, autojunk=False)
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-            if tag == "equal":
-                origin.extend(self.origin[i1:i2])
-            elif tag in ("replace", "insert"):
-                anchor = self.origin[min(i1, len(self.origin) - 1)] if self.origin else 1
-                origin.extend([anchor] * (j2 - j1))
-        self.lines, self.origin = new, origin
+from accelify.result import Options, Result
 
 
 def convert_source(source: str, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
     options = options or Options()
+    if not may_train(source) or skipped(source):
+        # nothing to train: only the syntax is checked (CPython's parser, no LibCST tree)
+        return Result(path, source, source, error=syntax_error(source, path))
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         return Result(path, source, source, error=_syntax_error(path, source, exc))
-    if not _may_train(source) or _skipped(source):
-        return Result(path, source, source)
     try:
         result = _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
         return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {exc!r}")
+    finally:
+        walk.activate(None)
     result.findings = _suppress(result.findings, source, options.findings)
     return result
 
@@ -98,48 +56,49 @@ def _report_only(options: Options) -> bool:
 
 
 def _convert(module: cst.Module, source: str, path: str, options: Options) -> Result:
-    context = CodemodContext(filename=path, full_module_name=None, full_package_name=None)
+    wrapper = resolve(module)  # metadata once, on the tree as written
+    context = CodemodContext(filename=path, full_module_name=None, full_package_name=None, wrapper=wrapper)
     context.scratch["accelify.line_length"] = options.line_length
-    analysed = MetadataWrapper(module)
-    plan = analyze(analysed)
+    plan = analyze(wrapper)
     if not _report_only(options):
         plan.restrict(options.select)
-    linemap = _LineMap(source)
 
     def place(raw: RawFinding) -> Finding:
-        return Finding(path, linemap.to_original(raw.line), raw.column, raw.code, raw.message, raw.suggestion)
+        return Finding(path, raw.line, raw.column, raw.code, raw.message, raw.suggestion)
 
     findings = [place(f) for f in plan.findings]
-    changes: list[Change] = []
     if not plan.convertible:
         return Result(path, source, source, findings=sorted(findings))
 
-    code = source  # the text of `module`, rendered once per pass
+    shared = Shared(wrapper)
+    codemods = []
     for codemod_class in gather_codemods():
         if options.select is not None and codemod_class.CODE not in options.select and not _report_only(options):
             continue
-        if not codemod_class.applies(plan, code):
+        if not codemod_class.applies(plan, source):
             continue
-        wrapper = MetadataWrapper(module)
-        pass_context = replace(context, wrapper=wrapper)
-        codemod = codemod_class(pass_context, plan)
-        module = wrapper.visit(codemod)
+        codemod = codemod_class(context, plan, shared)
+        shared.codemods[codemod_class.CODE] = codemod
+        codemods.append(codemod)
+
+    module = module.visit(Composite(codemods, shared))  # every codemod, one traversal
+    for codemod in codemods:
         codemod.finished()
-        if codemod.refused:
-            return Result(path, source, source, findings=sorted(findings + [place(f) for f in codemod.findings]))
-        changes.extend(replace(c, line=linemap.to_original(c.line)) for c in codemod.changes)
-        findings.extend(place(f) for f in codemod.findings)
-        new_code = module.code
-        if new_code != code:
-            linemap.advance(new_code)
-            code = new_code
+    refusing = next((i for i, c in enumerate(codemods) if c.refused), None)
+    if refusing is not None:
+        # what the codemods before it (in their order) and it found: the reasons the file stays as it is
+        return Result(path, source, source, findings=sorted(
+            findings + [place(f) for c in codemods[: refusing + 1] for f in c.findings]))
+    accelerator = shared.codemod("ACC001")
+    if accelerator is not None:
+        module = accelerator.place(module)  # type: ignore[attr-defined]
+    output_codemod = shared.codemod("ACC008")
+    if output_codemod is not None:
+        module = output_codemod.settle(module)  # type: ignore[attr-defined]
+    changes = [c for codemod in codemods for c in codemod.changes]
+    findings += [place(f) for codemod in codemods for f in codemod.findings]
 
-    before_imports = module
-    module = AddImportsVisitor(replace(context, wrapper=None)).transform_module(module)
-    module = _place_added_imports(before_imports, module)
-    module = RemoveImportsVisitor(replace(context, wrapper=None)).transform_module(module)
-    module = _no_new_leading_blank(before_imports, module)
-
+    module = _imports(module, context)
     output = module.code
     if _report_only(options):
         return Result(path, source, source, findings=sorted(findings))
@@ -148,7 +107,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
                       error=f"{path}: internal error: the rewrite does not parse; file left unchanged")
     # (A selection without ACC001 asks for a fragment that names an accelerator nobody creates.)
     if output != source and (options.select is None or "ACC001" in options.select):
-        new_names = _undefined_names(MetadataWrapper(module)) - _undefined_names(analysed)
+        new_names = undefined_names(output) - undefined_names(source)
         if new_names:
             return Result(path, source, source, findings=sorted(findings),
                           error=f"{path}: internal error: the rewrite reads undefined "
@@ -156,19 +115,48 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     return Result(path, source, output, changes=sorted(changes), findings=sorted(findings))
 
 
-_SKIP = re.compile(r"#\s*accelify:\s*skip\b")
+def _imports(module: cst.Module, context: CodemodContext) -> cst.Module:
+    """Add and remove imports (LibCST's visitors, which resolve metadata on the converted tree
+    again: the removals are first narrowed to the names nothing reads any more)."""
+    bare = replace(context, wrapper=None)
+    before_imports = module
+    if bare.scratch.get(AddImportsVisitor.CONTEXT_KEY):
+        # LibCST's visitor reads and writes the leading import block and the statement after it
+        # only: give it that head of the module, not the whole tree to copy and walk.
+        cut = _head_length(module)
+        head = AddImportsVisitor(bare).transform_module(module.with_changes(body=module.body[:cut]))
+        module = module.with_changes(body=[*head.body, *module.body[cut:]])
+        module = _place_added_imports(before_imports, module)
+    requests = bare.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, [])
+    if requests:
+        read = read_anywhere(module.code)
+        requests = [r for r in requests if read is None or _bound_name(r) not in read]
+        bare.scratch[RemoveImportsVisitor.CONTEXT_KEY] = requests
+    if requests:
+        module = RemoveImportsVisitor(bare).transform_module(module)
+    return _no_new_leading_blank(before_imports, module)
+
+
+def _head_length(module: cst.Module) -> int:
+    """How many top-level statements AddImportsVisitor looks at: a docstring, the imports after
+    it and the first statement after them (it may get a blank line before it)."""
+    i = 0
+    if module.body and m.matches(module.body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
+        i = 1
+    while i < len(module.body) and m.matches(module.body[i], _IMPORT):
+        i += 1
+    return min(i + 1, len(module.body))
+
+
+def _bound_name(request: tuple[str, Optional[str], Optional[str]]) -> str:
+    """The name an import binds: ``import a.b`` binds ``a``, ``from a import b as c`` binds ``c``."""
+    module, obj, asname = request
+    if asname:
+        return asname
+    return obj if obj is not None else module.split(".")[0]
+
+
 _IGNORE = re.compile(r"#\s*accelify:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
-
-
-def _skipped(source: str) -> bool:
-    """``# accelify: skip`` among the comments that open the file."""
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            return False
-        if _SKIP.search(stripped):
-            return True
-    return False
 
 
 def _suppress(findings: list[Finding], source: str, selected: Optional[frozenset[str]]) -> list[Finding]:
@@ -186,16 +174,6 @@ def _suppress(findings: list[Finding], source: str, selected: Optional[frozenset
     return kept
 
 
-def _may_train(source: str) -> bool:
-    """Cheap pre-check: a file that names no optimizer and no parameters trains nothing.
-
-    Every optimizer accelify recognises is either imported from a module whose
-    path contains ``optim`` or built from ``<model>.parameters()``, so skipping
-    the metadata passes for other files changes no result.
-    """
-    return "optim" in source or "parameters(" in source
-
-
 def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:
     """Prefer CPython's own message and position: it is the one users know."""
     try:
@@ -206,19 +184,6 @@ def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:
 
         return f"{path}:{syntax.lineno}:{syntax.offset}: cannot parse: {syntax.msg}"
     return f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}"
-
-
-def _undefined_names(wrapper: MetadataWrapper) -> set[str]:
-    """Names read where no binding of them is visible: what a rewrite must never add (an
-    `accelerator` used in a function it does not reach would be a NameError at run time)."""
-    names = set()
-    for scope in set(wrapper.resolve(ScopeProvider).values()):
-        if scope is None:
-            continue
-        for access in scope.accesses:
-            if not access.referents and isinstance(access.node, cst.Name):
-                names.add(access.node.value)
-    return names
 
 
 def _still_parses(source: str, output: str) -> bool:

@@ -17,6 +17,9 @@ from typing import Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify import walk
+from accelify.walk import findall
 from libcst.metadata import (
     Assignment,
     GlobalScope,
@@ -277,7 +280,7 @@ class _Analyzer(cst.CSTVisitor):
             c.func.value  # type: ignore[union-attr]
             for arg in call.args
             for value in (arg.value, *self._bound_values(arg.value))
-            for c in m.findall(
+            for c in findall(
                 value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
             )
         ]
@@ -507,7 +510,7 @@ class _Analyzer(cst.CSTVisitor):
             if all(isinstance(a.value, cst.Call) and m.matches(a.value.func, m.Name(cls)) for a in assigns)
         }
         uses = [
-            node for node in m.findall(module, m.Attribute(attr=m.Name(method)))
+            node for node in findall(module, m.Attribute(attr=m.Name(method)))
             if ref_of(self, node.value) in instances  # type: ignore[attr-defined]
             or m.matches(node.value, m.Call(func=m.Name(cls)))  # type: ignore[attr-defined]
             or (code_of(node.value) == "self" and (key_at(self, node) or "").split(".")[0] == cls)  # type: ignore[attr-defined]
@@ -549,7 +552,7 @@ class _Analyzer(cst.CSTVisitor):
         is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
         backwards = [c for c in self.backwards if self._tensor_backward(c)
                      and code_of(c.func.value) not in ACCELERATOR_SPELLINGS]  # type: ignore[attr-defined]
-        if not backwards or self.plan.has_accelerator or m.findall(self._module, m.Name("Accelerator")):
+        if not backwards or self.plan.has_accelerator or findall(self._module, m.Name("Accelerator")):
             return
         self.finding(
             backwards[0], "ACC125",
@@ -576,13 +579,13 @@ class _Analyzer(cst.CSTVisitor):
             parent = self.get_metadata(ParentNodeProvider, call, None)
             while parent is not None and not isinstance(parent, (cst.If, cst.FunctionDef, cst.Module)):
                 parent = self.get_metadata(ParentNodeProvider, parent, None)
-            if not isinstance(parent, cst.If) or call in m.findall(parent.test, m.Call()):
+            if not isinstance(parent, cst.If) or call in findall(parent.test, m.Call()):
                 return
             tests.append(parent.test)
         if not tests or len({"".join(code_of(t).split()) for t in tests}) != 1:
             return
         test = tests[0]
-        if is_availability_check(self, test) or m.findall(test, m.Call()):
+        if is_availability_check(self, test) or findall(test, m.Call()):
             return
         roots = read_names(test)
         if not roots or not all(self._available_at_setup(n, n) for n in roots):  # type: ignore[arg-type]
@@ -609,7 +612,7 @@ class _Analyzer(cst.CSTVisitor):
             names, index = [target], None
         else:
             return False
-        returns = [r for r in m.findall(func.body, m.Return()) if key_at(self, r) == func.name.value]
+        returns = [r for r in findall(func.body, m.Return()) if key_at(self, r) == func.name.value]
         if not returns:
             return False
         for ret in returns:
@@ -632,12 +635,12 @@ class _Analyzer(cst.CSTVisitor):
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
         core = self.plan.refs(self.plan.core())
-        if m.findall(func.body, BACKWARD):
+        if findall(func.body, BACKWARD):
             return False  # it trains them too: `return model` at the end hands back the trained model
-        for ret in m.findall(func.body, m.Return()):
+        for ret in findall(func.body, m.Return()):
             if ret.value is None or key_at(self, ret) != self.plan.setup:  # type: ignore[attr-defined]
                 continue
-            if any(ref_of(self, node) in core for node in m.findall(ret.value, m.Name())):  # type: ignore[attr-defined]
+            if any(ref_of(self, node) in core for node in findall(ret.value, m.Name())):  # type: ignore[attr-defined]
                 return True
         return False
 
@@ -810,7 +813,7 @@ class _Analyzer(cst.CSTVisitor):
             names = qualified_names(self, call.func)  # type: ignore[attr-defined]
             if any(n.startswith("torch.optim.") for n in names):
                 continue
-            inner = [c for arg in call.args for c in m.findall(arg.value, m.Call())  # type: ignore[attr-defined]
+            inner = [c for arg in call.args for c in findall(arg.value, m.Call())  # type: ignore[attr-defined]
                      if any(n.startswith("torch.optim.") for n in qualified_names(self, c.func))]  # type: ignore[attr-defined]
             if inner:
                 wrappers.append(assign)
@@ -885,10 +888,10 @@ class _Analyzer(cst.CSTVisitor):
             return False
         plain = {
             id(n) for stmt in plain_model_statements(self._module, plan, self._trainers)
-            for n in m.findall(stmt, m.Attribute())
+            for n in findall(stmt, m.Attribute())
         }
         reported: set[tuple[Optional[str], str, str]] = set()
-        for node in m.findall(self._module, m.Attribute()):
+        for node in findall(self._module, m.Attribute()):
             if id(node) in plain or not model_attribute(self, node, plan):  # type: ignore[arg-type]
                 continue
             why = why_not_unwrapped(self, node, plan)  # type: ignore[arg-type]
@@ -1031,9 +1034,9 @@ class _Analyzer(cst.CSTVisitor):
     def _scaler_uses_ok(self, module: cst.Module, ref: Ref) -> bool:
         name = ref[1]
         if name.startswith("self."):
-            nodes = m.findall(module, m.Attribute(value=m.Name("self"), attr=m.Name(name[5:])))
+            nodes = findall(module, m.Attribute(value=m.Name("self"), attr=m.Name(name[5:])))
         else:
-            nodes = m.findall(module, m.Name(name))
+            nodes = findall(module, m.Name(name))
         for node in nodes:
             if ref_of(self, node) != ref:
                 continue
@@ -1254,7 +1257,7 @@ class _Analyzer(cst.CSTVisitor):
         if not self._is_script or init is None or init.params.posonly_params or self.plan.class_mode:
             return False
         cls = self.classes[name]
-        if "accelerator" in param_names(init) or m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))):
+        if "accelerator" in param_names(init) or findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))):
             return False
         sites = self._call_sites(name, init, cls)
         return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) == "accelerator" for call, _ in sites)
@@ -1265,7 +1268,7 @@ class _Analyzer(cst.CSTVisitor):
         func = self.functions.get(name)
         if not self._is_script or func is None or func.params.posonly_params:
             return False
-        if "accelerator" in param_names(func) or m.findall(func.body, m.Name("accelerator")):
+        if "accelerator" in param_names(func) or findall(func.body, m.Name("accelerator")):
             return False
         sites = self._call_sites(name, func)
         return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) is not None for call, _ in sites)
@@ -1331,7 +1334,7 @@ class _Analyzer(cst.CSTVisitor):
             if has_qname(self, expr.func, DATALOADERS):
                 return True
             func = self.functions.get(expr.func.value) if isinstance(expr.func, cst.Name) else None
-            return func is not None and any(has_qname(self, c.func, DATALOADERS) for c in m.findall(func, m.Call()))
+            return func is not None and any(has_qname(self, c.func, DATALOADERS) for c in findall(func, m.Call()))
         if isinstance(expr, cst.Attribute):
             ref = ref_of(self, expr)
             return any(self._loader_like(a.value, seen) for a in self.assigns.get(ref, [])) if ref else False
@@ -1407,25 +1410,25 @@ class _Analyzer(cst.CSTVisitor):
         block, index = located
         length = m.Call(func=m.Name("len"), args=[m.Arg(m.Name())])
         assigns = [a for stmt in block.body[:index] if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
-                   for a in m.findall(stmt, m.Assign())]
+                   for a in findall(stmt, m.Assign())]
         early: set[str] = set()
         changed = True
         while changed:  # t_total = steps_per_epoch * epochs, steps_per_epoch = len(loader) // accumulation
             changed = False
             for assign in assigns:
-                reads = {n.value for n in m.findall(assign.value, m.Name())}  # type: ignore[attr-defined]
-                lens = {c.args[0].value.value for c in m.findall(assign.value, length)}  # type: ignore[attr-defined]
+                reads = {n.value for n in findall(assign.value, m.Name())}  # type: ignore[attr-defined]
+                lens = {c.args[0].value.value for c in findall(assign.value, length)}  # type: ignore[attr-defined]
                 if lens & set(plan.dataloaders) or reads & early:
                     targets = {n for t in assign.targets for n in assigned_names(t.target)}  # type: ignore[attr-defined]
                     if not targets <= early:
                         early |= targets
                         changed = True
         rest = block.body[index:]
-        late = {id(a) for stmt in rest if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) for a in m.findall(stmt, m.Assign())}
+        late = {id(a) for stmt in rest if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) for a in findall(stmt, m.Assign())}
         for ref, assign in found:
             if id(assign) not in late or not self._stepped_per_batch(ref):
                 continue
-            if not {n.value for n in m.findall(assign.value, m.Name())} & early:  # type: ignore[attr-defined]
+            if not {n.value for n in findall(assign.value, m.Name())} & early:  # type: ignore[attr-defined]
                 continue
             at = next((i for i, stmt in enumerate(rest) if simple_assign(stmt) is assign), None)
             between = rest[:at] if at is not None else []
@@ -1479,7 +1482,7 @@ class _Analyzer(cst.CSTVisitor):
         block, index = located
         core = plan.refs(plan.core())
         for stmt in block.body[:index]:
-            for call in m.findall(stmt, m.Call(func=m.Name())):
+            for call in findall(stmt, m.Call(func=m.Name())):
                 handed = [a.value for a in call.args if ref_of(self, a.value) in core]  # type: ignore[attr-defined]
                 if call.func.value in self.classes and handed:  # type: ignore[attr-defined]
                     self.finding(
@@ -1696,5 +1699,18 @@ def _unique(items) -> list[str]:
 
 def analyze(wrapper: MetadataWrapper) -> Plan:
     analyzer = _Analyzer()
-    wrapper.visit(analyzer)
+    index = walk.active()
+    if index is None or index.order[0] is not wrapper.module:
+        wrapper.visit(analyzer)
+        return analyzer.plan
+    # The analysis only looks on the way down: run it over the indexed pre-order, no traversal.
+    analyzer.metadata = {dep: wrapper.resolve(dep) for dep in analyzer.get_inherited_dependencies()}
+    methods: dict[type, object] = {}
+    for node in index.order:
+        method = methods.get(type(node), False)
+        if method is False:
+            method = methods[type(node)] = getattr(analyzer, f"visit_{type(node).__name__}", None)
+        if method is not None:
+            method(node)  # type: ignore[operator]
+    analyzer.leave_Module(wrapper.module)
     return analyzer.plan

@@ -6,11 +6,15 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify.walk import findall
 from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import Body as Block
 from accelify.analysis import binds, read_names, scope_root, setup_blocks
 from accelify.plan import Plan
+
+from accelify.composite import replace_in
 
 from .base import AccelifyCodemod, insert_paragraph
 
@@ -51,18 +55,26 @@ class AddAccelerator(AccelifyCodemod):
     def applies(cls, plan: Plan, code: str) -> bool:
         return not plan.has_accelerator
 
-    def visit_Module(self, node: cst.Module) -> None:
-        self._target: Optional[Block] = None
+    AFTER = frozenset({"ACC002", "ACC008"})
+
+    def place(self, module: cst.Module) -> cst.Module:
+        """After the edit pass: insert the Accelerator before the first statement that uses it.
+
+        It runs on the converted tree because where it goes depends on what every other
+        codemod wrote (a ``prepare``, an ``accelerator.device``), except for the output
+        ACC008 routes through it: a ``print`` does not pull the Accelerator up (ACC008
+        leaves the ones that end up before it as they were).
+        """
         if self.plan.has_accelerator:
-            return
-        creation = m.Assign(value=m.Call(func=m.Name("Accelerator")))
-        if m.findall(node, creation):
-            # the device codemod already created it where the device was
+            return module
+        device = self.other("ACC002")
+        if device is not None and device.creation_site() is not None:  # type: ignore[attr-defined]
+            # the device codemod created it where the device was
             AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
-            return
-        root = scope_root(node, self.plan.setup)
+            return module
+        root = scope_root(module, self.plan.setup)
         if root is None:
-            return
+            return module
         names = set(self.plan.anchors())
         best: Optional[tuple[Block, int]] = None
         for block in setup_blocks(root):
@@ -73,11 +85,11 @@ class AddAccelerator(AccelifyCodemod):
             if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
                 best = (block, hits[0])
         if best is None:
-            return
+            return module
         block, index = best
         first_use = index
-        if block is node:
-            imports = [i for i, stmt in enumerate(node.body[:index]) if m.matches(stmt, _IMPORT)]
+        if block is module:
+            imports = [i for i, stmt in enumerate(module.body[:index]) if m.matches(stmt, _IMPORT)]
             if imports:
                 index = imports[-1] + 1
         # Its arguments (`gradient_accumulation_steps=N`, an `enabled=` flag) must be bound first.
@@ -86,21 +98,21 @@ class AddAccelerator(AccelifyCodemod):
             raise RuntimeError("an argument of the Accelerator is bound after its first use")
         if arguments:
             index = max(index, arguments[-1] + 1)
-        self._target, self._index = block, index
         AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
-
-    def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
-        """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""
-        if self.plan.class_mode:
-            return bool(m.findall(stmt, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))))
-        name = self.plan.accelerator.split(".")[0]
-        return any(n.value == name for n in read_names(stmt))
-
-    def edit_body(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        if original is not self._target:
-            return body
-        anchor = original.body[min(self._index, len(original.body) - 1)]
+        anchor = block.body[min(index, len(block.body) - 1)]
         self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
         args = self.plan.accelerator_args()
         statement = self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
-        return insert_paragraph(body, self._index, statement)
+        body = insert_paragraph(block.body, index, statement)
+        if block is module:
+            return module.with_changes(body=body)
+        return replace_in(module, block, block.with_changes(body=body))
+
+    def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
+        """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""
+        quiet = self.shared.quiet_uses
+        if self.plan.class_mode:
+            return any(id(a.value) not in quiet for a in findall(
+                stmt, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))))
+        name = self.plan.accelerator.split(".")[0]
+        return any(n.value == name and id(n) not in quiet for n in read_names(stmt))

@@ -7,6 +7,8 @@ from typing import Union
 import libcst as cst
 import libcst.matchers as m
 
+from accelify.walk import findall
+
 from accelify.accumulation import Accumulation, code_of, match
 from accelify.analysis import ref_of
 from accelify.plan import Plan
@@ -60,6 +62,7 @@ class GradientAccumulation(AccelifyCodemod):
                 optimizer.zero_grad()
     """
 
+    AFTER = frozenset({"ACC004"})
     CODE = "ACC013"
     NAME = "gradient-accumulation"
     DESCRIPTION = "Manual accumulation (loss / N, step every N batches) -> gradient_accumulation_steps=N + accumulate()."
@@ -74,10 +77,12 @@ class GradientAccumulation(AccelifyCodemod):
         # Only a scheduler that went through `prepare` skips its step between synchronisations.
         prepare = m.Call(func=m.Attribute(attr=m.Name("prepare")))
         self._prepared = {
-            code_of(arg.value) for call in m.findall(node, prepare)
+            code_of(arg.value) for call in findall(node, prepare)
             if code_of(call.func.value) == self.plan.accelerator  # type: ignore[attr-defined]
             for arg in call.args  # type: ignore[attr-defined]
         }
+        inserted = self.other("ACC004")
+        self._prepared |= set(getattr(inserted, "prepared", ()))
 
     def finished(self) -> None:
         # The Accelerator divides every loss by N from now on: a loop left dividing too would
@@ -120,19 +125,17 @@ class GradientAccumulation(AccelifyCodemod):
         accelerator = self.accelerator_at(original_node)
         if accelerator is None or not isinstance(updated, cst.For) or not isinstance(updated.body, cst.IndentedBlock):
             return updated
-        original_body = list(original_node.body.body)  # type: ignore[union-attr]
         body = list(updated.body.body)
-        d_index = next(i for i, s in enumerate(original_body) if s is found.division)
-        b_index = next(i for i, s in enumerate(original_body) if s is found.branch)
         dedent = self._only_steps(found.branch)
 
         statements: list[cst.BaseStatement] = []
         pending: list[cst.EmptyLine] = []
-        for i, stmt in enumerate(body):
+        for stmt in body:
+            origin = self.shared.origin_of(stmt)
             if pending:
                 stmt = stmt.with_changes(leading_lines=merge_leading_lines(pending, stmt.leading_lines))
                 pending = []
-            if i == d_index:
+            if origin is found.division:
                 small = stmt.body[0]  # type: ignore[attr-defined]
                 if isinstance(small, cst.AugAssign) or m.matches(small.value.left, small.targets[0].target):
                     pending = list(stmt.leading_lines)  # `loss = loss / N`, `loss /= N`: the statement goes
@@ -141,12 +144,12 @@ class GradientAccumulation(AccelifyCodemod):
                 if getattr(left, "lpar", None):
                     left = left.with_changes(lpar=[], rpar=[])
                 stmt = stmt.with_changes(body=[small.with_changes(value=left)])  # `loss = f(x) / N` -> `loss = f(x)`
-            elif i == b_index and dedent:
+            elif origin is found.branch and dedent:
                 inner = list(stmt.body.body)  # type: ignore[attr-defined]
                 inner[0] = inner[0].with_changes(leading_lines=merge_leading_lines(stmt.leading_lines, inner[0].leading_lines))
                 statements.extend(inner)
                 continue
-            elif i == b_index:
+            elif origin is found.branch:
                 stmt = stmt.with_changes(test=cst.parse_expression(f"{accelerator}.sync_gradients"))  # type: ignore[call-arg]
             statements.append(stmt)
 

@@ -40,6 +40,7 @@ class Backward(AccelifyCodemod):
         accelerator.backward(outputs.loss, retain_graph=True)
     """
 
+    AFTER = frozenset({"ACC010"})  # `scaler.scale(loss).backward()` is `loss.backward()` once ACC010 is done
     CODE = "ACC005"
     NAME = "backward"
     DESCRIPTION = "Rewrite <loss>.backward(...) to accelerator.backward(<loss>, ...)."
@@ -61,7 +62,7 @@ class Backward(AccelifyCodemod):
             return updated_node
         if any(q.source is QualifiedNameSource.IMPORT for q in self.get_metadata(QualifiedNameProvider, receiver, set())):
             return updated_node  # torch.autograd.backward(...) is a function, not a tensor method
-        if m.matches(receiver, m.Call(func=m.Attribute(attr=m.Name("scale")))):
+        if m.matches(updated_node.func, m.Attribute(value=m.Call(func=m.Attribute(attr=m.Name("scale"))))):
             self.finding(
                 original_node,
                 "ACC105",

@@ -8,10 +8,10 @@ from typing import ClassVar, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from accelify.analysis import RawFinding, key_at, locate_setup, rebound_region, scope_key, scope_root, trainer_functions
+from accelify.composite import Block, Item, Shared, remove_imports_of
 from accelify.plan import Plan
 from accelify.report import Change
 
@@ -42,11 +42,18 @@ class AccelifyCodemod(cst.CSTTransformer):
     ``Before::`` and ``After::`` markers: the README and ``accelify rules`` show it,
     and the test-suite converts it.
 
+    All codemods run in one traversal of the original tree (``accelify.composite``):
+    ``original_node`` is always a node of the file as written (its metadata is
+    known), ``updated_node`` what the children and the codemods before this one
+    made of it.  A codemod that needs what another one decides asks it through
+    :meth:`other` and names it in ``AFTER``.
+
     Statements are removed by returning them from ``leave_*`` after calling
     :meth:`remove`; the enclosing block then drops them and hands their blank
     lines and comment lines to the next statement.  A block emptied that way
     loses its ``if``/``for`` header when the header has no side effects, comments
-    inside the block included; otherwise it keeps a ``pass``.
+    inside the block included; otherwise it keeps a ``pass``.  Statements are
+    inserted around others by :meth:`edit_body`, once per block.
     """
 
     CODE: ClassVar[str] = ""
@@ -54,31 +61,37 @@ class AccelifyCodemod(cst.CSTTransformer):
     DESCRIPTION: ClassVar[str] = ""
     #: Codes that must run too: what this codemod writes refers to what they create.
     REQUIRES: ClassVar[frozenset[str]] = frozenset()
+    #: Codes whose decisions this codemod reads (through :meth:`other`): it runs after them at each node.
+    AFTER: ClassVar[frozenset[str]] = frozenset()
 
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
 
-    def __init__(self, context: CodemodContext, plan: Plan) -> None:
+    def __init__(self, context: CodemodContext, plan: Plan, shared: Shared) -> None:
         # A plain CSTTransformer (not LibCST's matcher-decoratable ContextAwareTransformer):
         # no codemod uses matcher decorators, and their dispatch doubles the cost of a pass.
         super().__init__()
         self.context = context
         self.plan = plan
+        self.shared = shared
+        self.metadata = shared.metadata  # resolved once, on the original tree
         self.changes: list[Change] = []
         self.findings: list[RawFinding] = []
         self.refused = False
-        # id -> node: holding the node keeps its id from being reused by a new object.
-        self._removed: dict[int, cst.CSTNode] = {}
-        self._emptied: dict[int, cst.CSTNode] = {}
-        self._touched: list[bool] = []  # one per enclosing statement: did this pass strip something in it?
+        self._touched: list[bool] = []  # one per enclosing statement: did this codemod strip something in it?
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        """A cheap necessary condition: when False the pass could change nothing and is skipped."""
+        """A cheap necessary condition on the source: when False the codemod could change nothing and is skipped."""
         return True
 
     def finished(self) -> None:
-        """Called once the pass is over: raise if it could not carry out what the plan promised
+        """Called once the traversal is over: raise if it could not carry out what the plan promised
         (the pipeline then leaves the file unchanged and reports an internal error)."""
+
+    def other(self, code: str) -> "Optional[AccelifyCodemod]":
+        """The codemod ``code`` of this run (None when it does not run): to ask what it decided."""
+        assert code in self.AFTER, f"{self.CODE} reads {code}: declare it in AFTER"
+        return self.shared.codemod(code)
 
     # ------------------------------------------------------------------ examples
     @classmethod
@@ -91,7 +104,18 @@ class AccelifyCodemod(cst.CSTTransformer):
 
     # ------------------------------------------------------------------ records
     def line_of(self, node: cst.CSTNode) -> tuple[int, int]:
+        """(line, column) of ``node`` in the original file; a node written by a codemod has the
+        position of the original node being rewritten."""
         pos = self.get_metadata(PositionProvider, node, None)
+        if pos is None:
+            origin = self.shared.origin_of(node)
+            if origin is not None:
+                pos = self.get_metadata(PositionProvider, origin, None)
+        if pos is None:
+            for current in reversed(self.shared.current):
+                pos = self.get_metadata(PositionProvider, current, None)
+                if pos is not None:
+                    break
         if pos is None:
             return 0, 0
         return pos.start.line, pos.start.column + 1
@@ -105,7 +129,7 @@ class AccelifyCodemod(cst.CSTTransformer):
         self.findings.append(RawFinding(line, col, code, message, suggestion))
 
     def refuse(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
-        """A finding that costs the whole conversion: what this pass met cannot be left as it is
+        """A finding that costs the whole conversion: what this codemod met cannot be left as it is
         in a converted file, so the pipeline returns the file unchanged with the findings."""
         self.finding(node, code, message, suggestion)
         self.refused = True
@@ -125,18 +149,38 @@ class AccelifyCodemod(cst.CSTTransformer):
             return acc
         return None
 
-    def rebound_statements(self, module: cst.Module) -> set[int]:
+    def rebound_statements(self, module: cst.Module, ignore: frozenset[int] = frozenset()) -> set[int]:
         """Ids of the setup block's statements from the first one that binds a model again after
-        training (``model = Net()`` to reload a checkpoint for a test): there it is a plain model."""
+        training (``model = Net()`` to reload a checkpoint for a test): there it is a plain model.
+        ``ignore``: statements that bind nothing once converted (``model = model.to(device)``)."""
         if not self.plan.rebound_models:
             return set()
         root = scope_root(module, self.plan.setup)
         trainers = trainer_functions(module)
         core = set(self.plan.anchors())
-        located = locate_setup(root, core, trainers) if root is not None else None
+        located = locate_setup(root, core, trainers, ignore) if root is not None else None
         if located is None:
             return set()
-        return {id(s) for s in rebound_region(*located, core, set(self.plan.rebound_models), trainers)}
+        return {id(s) for s in rebound_region(*located, core, set(self.plan.rebound_models), trainers, ignore)}
+
+    def vanishing(self) -> frozenset[int]:
+        """Original statements the conversion turns into nothing (``model = model.to(device)``,
+        ``model = nn.DataParallel(model)``): they no longer bind what they assign."""
+        found = self.shared.__dict__.get("vanishing")
+        if found is None:
+            from .placement import vanishing_statements
+
+            found = self.shared.__dict__["vanishing"] = vanishing_statements(self.shared)
+        return found
+
+    def statements_around(self, node: Optional[cst.CSTNode]) -> frozenset[int]:
+        """Ids of ``node`` and of the statements that contain it."""
+        out = set()
+        while node is not None:
+            if isinstance(node, cst.BaseStatement):
+                out.add(id(node))
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return frozenset(out)
 
     def inside(self, node: cst.CSTNode, statements: set[int]) -> bool:
         """Is ``node`` part of one of ``statements``?"""
@@ -150,8 +194,13 @@ class AccelifyCodemod(cst.CSTTransformer):
     # ------------------------------------------------------------------ statements
     def remove(self, updated: Statement) -> Statement:
         """Mark a statement (the ``updated_node`` being returned) for removal."""
-        self._removed[id(updated)] = updated
+        self.shared.marked[id(updated)] = updated
         return updated
+
+    def replaced(self, original: cst.CSTNode) -> None:
+        """Say that the statement ``original`` is being replaced with new code: the codemods after
+        this one do not rewrite it as the statement it was."""
+        self.shared.replaced.add(id(original))
 
     def touch(self) -> None:
         """Say that something was stripped from the current statement: if it is left doing
@@ -170,71 +219,46 @@ class AccelifyCodemod(cst.CSTTransformer):
             return self.remove(updated_node)
         return updated_node
 
+    def abandon(self, original_node: cst.CSTNode) -> None:
+        """The traversal leaves ``original_node`` without this codemod's ``leave_*``: a codemod before
+        it replaced the node.  Undo what ``visit_*`` set up for it."""
+        if isinstance(original_node, cst.SimpleStatementLine):
+            self._touched.pop()
+
     def is_removed(self, node: cst.CSTNode) -> bool:
-        return id(node) in self._removed
+        return id(node) in self.shared.marked
 
     def parse_statement(self, code: str) -> Statement:
         module = self.context.module
         config = module.config_for_parsing if module is not None else cst.PartialParserConfig()
         return cst.parse_statement(code, config=config)
 
-    def _rebuild(self, body: Sequence[cst.BaseStatement]) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
-        out: list[cst.BaseStatement] = []
-        pending: list[cst.EmptyLine] = []
-        for stmt in body:
-            if id(stmt) in self._removed:
-                pending = merge_leading_lines(pending, stmt.leading_lines)
-                continue
-            if pending:
-                stmt = stmt.with_changes(leading_lines=merge_leading_lines(pending, stmt.leading_lines))
-                pending = []
-            out.append(stmt)
-        leftover = pending if any(line.comment is not None for line in pending) else []
-        return out, leftover
-
-    def edit_body(self, original: Union[cst.Module, cst.IndentedBlock], body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def edit_body(self, block: Block, items: list[Item]) -> list[Item]:
         """Hook for codemods that insert or replace statements of a block.
 
-        ``body`` is the block's updated statements, still one for one with
-        ``original.body`` (removals are applied afterwards); return it unchanged
-        (the same list) when there is nothing to do.
+        ``block`` is the original block; ``items`` its statements as they are now, each with
+        the original statement it comes from (None for one inserted), removals already
+        applied.  Return ``items`` itself when there is nothing to do, else a new list.
         """
-        return body
+        return items
 
-    def _block_body(self, original: Union[cst.Module, cst.IndentedBlock], updated: Union[cst.Module, cst.IndentedBlock]):
-        """(statements after edits and removals, comment lines left over, whether anything changed)."""
-        body = list(updated.body)
-        edited = self.edit_body(original, body)
-        if edited is body and not any(id(s) in self._removed for s in body):
-            return body, [], False
-        kept, leftover = self._rebuild(edited)
-        return kept, leftover, True
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        body, leftover, changed = self._block_body(original_node, updated_node)
-        if not changed:
-            return updated_node
-        if not body:
-            block = updated_node.with_changes(
-                body=[cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=leftover)]
-            )
-            self._emptied[id(block)] = block
-            return block
-        return updated_node.with_changes(body=body, footer=[*leftover, *updated_node.footer])
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body, leftover, changed = self._block_body(original_node, updated_node)
-        if not changed:
-            return updated_node
-        return updated_node.with_changes(body=body, footer=[*leftover, *updated_node.footer])
+    @staticmethod
+    def position(block: Block, items: list[Item], index: int) -> int:
+        """Where in ``items`` the original ``block.body[index]`` is (or would be, had it not gone)."""
+        order = {id(s): i for i, s in enumerate(block.body)}
+        for k, (_, origin) in enumerate(items):
+            if origin is not None and order.get(id(origin), -1) >= index:
+                return k
+        return len(items)
 
     def emptied(self, block: cst.BaseSuite) -> bool:
-        """True when this pass removed every statement of ``block``."""
-        return id(block) in self._emptied
+        """True when the edits removed every statement of ``block``."""
+        return id(block) in self.shared.emptied
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.BaseStatement]:
         if self.emptied(updated_node.body) and updated_node.orelse is None and _side_effect_free(updated_node.iter):
-            RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node)
+            if id(original_node) not in self.shared.removed:
+                remove_imports_of(self.context, original_node)
             return self.remove(updated_node)
         return updated_node
 
@@ -242,7 +266,8 @@ class AccelifyCodemod(cst.CSTTransformer):
         if self.emptied(updated_node.body) and updated_node.orelse is None and _side_effect_free(updated_node.test):
             parent = self.get_metadata(ParentNodeProvider, original_node, None)
             if not isinstance(parent, cst.If):  # an `elif` cannot be dropped on its own
-                RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node)
+                if id(original_node) not in self.shared.removed:
+                    remove_imports_of(self.context, original_node)
                 return self.remove(updated_node)
         return updated_node
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from accelify.analysis import qualified_names
+from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod, accelerator_attr
@@ -65,5 +65,5 @@ class Clipping(AccelifyCodemod):
             return updated_node
         method = CLIPPING[names.pop()]
         self.change(original_node, f"`{method}` -> `accelerator.{method}`")
-        RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node.func)
+        remove_imports_of(self.context, original_node.func)
         return updated_node.with_changes(func=accelerator_attr(accelerator, method))

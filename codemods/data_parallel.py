@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import RemoveImportsVisitor
+
+from accelify.walk import findall
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
 from accelify.analysis import has_qname, receiver_refs, ref_of
 
+from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
@@ -66,12 +68,12 @@ class DataParallel(AccelifyCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         wraps = any(
             len(a.targets) == 1 and ref_of(self, a.targets[0].target) in self.plan.flow["model"] and self._contains_wrap(a.value)
-            for a in m.findall(node, m.Assign())  # type: ignore[union-attr]
+            for a in findall(node, m.Assign())  # type: ignore[union-attr]
         )
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
         self._wrapped = self.plan.flow["model"] if wraps else set()
         if wraps:
-            for load in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))):
+            for load in findall(node, m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))):
                 if any(r in self.plan.flow["model"] for r in receiver_refs(self, load.func.value)):  # type: ignore[attr-defined]
                     self.finding(
                         load, "ACC129", "the DataParallel wrapper is removed, so this loads into the plain model: a "
@@ -93,16 +95,19 @@ class DataParallel(AccelifyCodemod):
             expr = expr.func.value  # nn.DataParallel(model).to(device)
         return False
 
+    def unwraps(self, call: cst.Call) -> bool:
+        """Is ``call`` a wrapper this codemod removes (around a trained model)?"""
+        if not self._is_wrap(call):
+            return False
+        inner = call.args[0].value
+        return any(r in self.plan.flow["model"] for r in receiver_refs(self, inner)) or self._assigned_to_model(call)
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if not self._is_wrap(original_node):
-            return updated_node
-        inner = original_node.args[0].value
-        wraps_model = any(r in self.plan.flow["model"] for r in receiver_refs(self, inner))
-        if not wraps_model and not self._assigned_to_model(original_node):
+        if not self.unwraps(original_node):
             return updated_node
         self.touch()
         self.change(original_node, "`DataParallel(...)` removed: prepare() wraps the model")
-        RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node.func)
+        remove_imports_of(self.context, original_node.func)
         return updated_node.args[0].value
 
     def _assigned_to_model(self, call: cst.Call) -> bool:
@@ -149,5 +154,5 @@ class DataParallel(AccelifyCodemod):
         if "unwrap_model(" not in cst.Module(body=[]).code_for_node(updated_node.body):
             return updated_node
         self.change(original_node, "wrapper test removed: `unwrap_model` works with or without a wrapper")
-        RemoveImportsVisitor.remove_unused_import_by_node(self.context, original_node.test)
+        remove_imports_of(self.context, original_node.test)
         return updated_node.body

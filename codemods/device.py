@@ -6,10 +6,12 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import RemoveImportsVisitor
+
+from accelify.walk import findall
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
-from accelify.analysis import MODULE, key_at, ref_of, simple_assign
+from accelify.analysis import MODULE, child_blocks, key_at, ref_of, simple_assign
+from accelify.composite import remove_imports_of
 from accelify.plan import bind_arguments, param_names
 
 from accelify.plan import Plan
@@ -49,6 +51,7 @@ class RemoveDevice(AccelifyCodemod):
         noise = torch.zeros(3, device=accelerator.device)
     """
 
+    AFTER = frozenset({"ACC003"})
     CODE = "ACC002"
     NAME = "remove-device"
     DESCRIPTION = "Remove device construction; remaining uses of the device become accelerator.device."
@@ -82,11 +85,32 @@ class RemoveDevice(AccelifyCodemod):
                 self._functions = functions
 
     def _remaining_uses(self, func: cst.FunctionDef, key: str, param: str) -> bool:
+        """Is the parameter still read once the placements that go (ACC003) are gone?"""
+        placement = self.other("ACC003")
         return any(
             ref_of(self, name) == (key, param)
             and self.get_metadata(ExpressionContextProvider, name, None) == ExpressionContext.LOAD
-            for name in m.findall(func.body, m.Name(param))
+            and not (placement is not None and placement.strips_use(name))  # type: ignore[attr-defined]
+            for name in findall(func.body, m.Name(param))
         )
+
+    def creation_site(self) -> Optional[cst.BaseStatement]:
+        """The original statement this codemod replaces with ``accelerator = Accelerator(...)``
+        (the first device statement it rewrites), or None when the Accelerator goes elsewhere."""
+        if self.plan.has_accelerator or (self.plan.setup == MODULE and self.plan.cpu_flag is None):
+            return None
+        found = self.shared.__dict__.get("device_creation", False)
+        if found is False:
+            found = None
+            for stmt in _walk_statements(self.shared.module):
+                if isinstance(stmt, cst.If) and self._is_device_if(stmt) and self._top_of_chain(stmt) is stmt:
+                    found = stmt
+                elif self._is_device_assignment(stmt) and not self._in_device_if(stmt):  # type: ignore[arg-type]
+                    found = stmt
+                if found is not None:
+                    break
+            self.shared.__dict__["device_creation"] = found
+        return found
 
     # ------------------------------------------------------------------ uses
     def _replacement(self, node: cst.CSTNode) -> Optional[str]:
@@ -104,6 +128,9 @@ class RemoveDevice(AccelifyCodemod):
         accelerator = self._replacement(original_node)
         if accelerator is None:
             return updated_node
+        placement = self.other("ACC003")
+        if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]
+            return updated_node  # `.to(device)` goes as a whole (ACC003)
         if self._used_as_string(original_node):
             # `device == "cuda"` compared a string; a torch.device never equals one
             self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device.type`")
@@ -132,6 +159,9 @@ class RemoveDevice(AccelifyCodemod):
         accelerator = self._replacement(original_node)
         if accelerator is None:
             return updated_node
+        placement = self.other("ACC003")
+        if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]
+            return updated_node  # `.to(self.device)` goes as a whole (ACC003)
         self.change(original_node, f"`self.{original_node.attr.value}` -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
 
@@ -155,9 +185,10 @@ class RemoveDevice(AccelifyCodemod):
         return self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
 
     def _replace_or_remove(self, original: cst.BaseStatement, updated: cst.BaseStatement) -> cst.BaseStatement:
-        RemoveImportsVisitor.remove_unused_import_by_node(self.context, original)
+        remove_imports_of(self.context, original)
         creation = self._creation()
         if creation is not None:
+            self.replaced(original)
             self.change(original, f"device construction replaced by `{self.plan.accelerator} = Accelerator()`")
             return creation.with_changes(leading_lines=updated.leading_lines)
         self.change(original, "device construction removed: the Accelerator picks the device")
@@ -264,3 +295,16 @@ class RemoveDevice(AccelifyCodemod):
                                              whitespace_after_arg=updated_node.args[-1].whitespace_after_arg)
         return updated_node.with_changes(args=args)
 
+
+
+def _walk_statements(module: cst.Module):
+    """Every statement of the file, in the order the traversal leaves them (a statement nested in
+    another first), functions and classes included."""
+    def walk(body):
+        for stmt in body:
+            for block in child_blocks(stmt) if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else (
+                [stmt.body] if isinstance(stmt.body, cst.IndentedBlock) else []
+            ):
+                yield from walk(block.body)
+            yield stmt
+    yield from walk(module.body)

@@ -9,10 +9,14 @@ from typing import Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
+from accelify.walk import findall
+
 from libcst.metadata import GlobalScope, ParentNodeProvider, ScopeProvider
 
 from accelify.analysis import assigned_names, peel_iterable, ref_of, simple_assign, string_value
 from accelify.plan import Plan
+
+from accelify.composite import Item
 
 from .base import AccelifyCodemod
 
@@ -70,7 +74,7 @@ def _per_sample(expr: cst.BaseExpression) -> bool:
 
 def _metric(stmt: cst.BaseStatement) -> bool:
     """A statement that counts (``+=``) or collects (``append``/``add_batch``/...), or holds one."""
-    return bool(m.findall(stmt, m.AugAssign() | _METRIC_CALLS))
+    return bool(findall(stmt, m.AugAssign() | _METRIC_CALLS))
 
 
 def _targets(assign: cst.Assign) -> set[str]:
@@ -78,7 +82,7 @@ def _targets(assign: cst.Assign) -> set[str]:
 
 
 def _reads(stmt: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(stmt, m.Name())}  # type: ignore[attr-defined]
+    return {n.value for n in findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
 
 def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Union[Gather, str, None]:
@@ -94,7 +98,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     """
     if ref_of(visitor, peel_iterable(visitor, loop.iter)) not in plan.flow["loader"]:
         return None
-    if m.findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))):
+    if findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))):
         return None
     rows = list(_statements(loop.body))
     derived = set(assigned_names(loop.target))  # anything computed from the batch
@@ -117,7 +121,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         return None
     inline = None  # `correct += (model(x).argmax(1) == y).sum()`: the model runs inside the metric
     if call_at is None or metrics[0] < call_at:
-        calls = [c for c in m.findall(rows[metrics[0]][1], m.Call())
+        calls = [c for c in findall(rows[metrics[0]][1], m.Call())
                  if ref_of(visitor, c.func) in plan.flow["model"]]  # type: ignore[attr-defined]
         if len(calls) != 1:
             if call_at is None:
@@ -132,14 +136,14 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         return None
     block, statement = rows[at]
     later = [s for _, s in rows[at:]]
-    skip = {id(n) for n in m.findall(inline, m.Name())} if inline is not None else set()  # its inputs stay
+    skip = {id(n) for n in findall(inline, m.Name())} if inline is not None else set()  # its inputs stay
     if any(
         ref_of(visitor, c.func) in plan.flow["model"] and c is not inline  # type: ignore[attr-defined]
-        for s in later for c in m.findall(s, m.Call())
+        for s in later for c in findall(s, m.Call())
     ):
         return "the model runs again after the values the metrics read, so no one gather can cover both"
     # What the metrics read, directly or through the statements between (`mse = criterion(out, y)`).
-    needed = {n.value for s in later if _metric(s) for n in m.findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
+    needed = {n.value for s in later if _metric(s) for n in findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
     for s in reversed(later):
         inner = simple_assign(s)
         if inner is not None and _targets(inner) & needed:
@@ -165,7 +169,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     # other (or is time, not samples: seq2seq's `[trg length, batch size]`), and a slice of it is not
     # the slice of one process.
     for s in later:
-        for sub in m.findall(s, m.Subscript(value=m.Name())):
+        for sub in findall(s, m.Subscript(value=m.Name())):
             first = sub.slice[0].slice  # type: ignore[attr-defined]
             if sub.value.value in gathered and isinstance(first, cst.Slice) and (  # type: ignore[attr-defined]
                 first.lower is not None or first.upper is not None
@@ -177,8 +181,8 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     names: list[str] = []
     values: list[str] = []
     replace: dict[int, str] = {}
-    keywords = {id(a.keyword) for a in m.findall(loop, m.Arg(keyword=m.Name()))}  # type: ignore[attr-defined]
-    taken = {n.value for n in m.findall(loop, m.Name()) if id(n) not in keywords} | set(_scope_names(visitor, loop))  # type: ignore[attr-defined]
+    keywords = {id(a.keyword) for a in findall(loop, m.Arg(keyword=m.Name()))}  # type: ignore[attr-defined]
+    taken = {n.value for n in findall(loop, m.Name()) if id(n) not in keywords} | set(_scope_names(visitor, loop))  # type: ignore[attr-defined]
     if inline is not None:
         new = _fresh(visitor, [inline], taken)
         taken.add(new)
@@ -186,7 +190,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         values.append(cst.Module(body=[]).code_for_node(inline))
         replace[id(inline)] = new
     for name in gathered:
-        reads = [n for s in _outermost(later) for n in m.findall(s, m.Name(name)) if id(n) not in skip]
+        reads = [n for s in _outermost(later) for n in findall(s, m.Name(name)) if id(n) not in skip]
         parts: dict[str, list[cst.CSTNode]] = {}
         whole = False
         for read in reads:
@@ -268,7 +272,7 @@ def _scope_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> list[str]
 
 def _outermost(statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     """``statements`` without those nested in another of them (a `with` and its body)."""
-    inner = {id(n) for s in statements for n in m.findall(s, m.SimpleStatementLine() | m.BaseCompoundStatement()) if n is not s}
+    inner = {id(n) for s in statements for n in findall(s, m.SimpleStatementLine() | m.BaseCompoundStatement()) if n is not s}
     return [s for s in statements if id(s) not in inner]
 
 
@@ -286,7 +290,7 @@ def _model_call(expr: cst.BaseExpression) -> cst.BaseExpression:
 def _first_use(statements: list[cst.BaseStatement], names: set[str]):
     order: dict[str, int] = {}
     for s in statements:
-        for node in m.findall(s, m.Name()):
+        for node in findall(s, m.Name()):
             if node.value in names:  # type: ignore[attr-defined]
                 order.setdefault(node.value, len(order))  # type: ignore[attr-defined]
     return lambda name: order.get(name, len(order))
@@ -386,17 +390,19 @@ class GatherForMetrics(AccelifyCodemod):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         return cst.Name(self._replace[id(original_node)]) if id(original_node) in self._replace else updated_node
 
-    def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        if not any(id(s) in self._before for s in original.body):
-            return body
-        out: list[cst.BaseStatement] = []
-        for before, updated in zip(original.body, body):
-            if id(before) in self._before:
+    def edit_body(self, block, items: list[Item]) -> list[Item]:
+        if not any(id(s) in self._before for s in block.body):
+            return items
+        out: list[Item] = []
+        done: set[int] = set()
+        for updated, before in items:
+            if before is not None and id(before) in self._before and id(before) not in done:
+                done.add(id(before))
                 gather = self.parse_statement(self._before[id(before)])
                 if not any(line.comment is not None for line in updated.leading_lines):
                     # blank lines go before the gather; comment lines stay with what they describe
                     gather = gather.with_changes(leading_lines=updated.leading_lines)
                     updated = updated.with_changes(leading_lines=[])
-                out.append(gather)
-            out.append(updated)
+                out.append((gather, None))
+            out.append((updated, before))
         return out

@@ -6,6 +6,8 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider
 
 from accelify.analysis import iter_statements, key_at, ref_of, scope_root
@@ -53,6 +55,7 @@ class Loading(AccelifyCodemod):
         accelerator.unwrap_model(model).load_state_dict(torch.load("best.pt"))
     """
 
+    AFTER = frozenset({"ACC004", "ACC003", "ACC006", "ACC009"})
     CODE = "ACC014"
     NAME = "loading"
     DESCRIPTION = "model.load_state_dict(...) after prepare -> accelerator.unwrap_model(model).load_state_dict(...)."
@@ -63,7 +66,7 @@ class Loading(AccelifyCodemod):
         return "load_state_dict" in code
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._plain = self.rebound_statements(node)  # a model bound again after training: never wrapped
+        self._plain = self.rebound_statements(node, self.vanishing())  # a model bound again after training: never wrapped
         self._prepares: list[tuple[cst.Call, list[cst.BaseStatement]]] = []
         root = scope_root(node, self.plan.setup)
         if root is not None:
@@ -72,12 +75,18 @@ class Loading(AccelifyCodemod):
                 for stmt, _ in iter_statements(body):
                     if not isinstance(stmt, cst.SimpleStatementLine):
                         continue
-                    for call in m.findall(stmt, m.Call(func=m.Attribute(attr=m.Name("prepare")))):
+                    for call in findall(stmt, m.Call(func=m.Attribute(attr=m.Name("prepare")))):
                         if _code(call.func.value) == self.plan.accelerator:  # type: ignore[attr-defined]
-                            self._prepares.append((call, self._chain(stmt)))  # type: ignore[arg-type]
+                            names = {_code(a.value) for a in call.args}  # type: ignore[attr-defined]
+                            self._prepares.append((names, self._chain(stmt)))  # type: ignore[arg-type]
+        prepare = self.other("ACC004")
+        if prepare is not None and prepare._target is not None:  # type: ignore[attr-defined]
+            # the `prepare` ACC004 inserts: between two statements of its block
+            block, index = prepare._target, prepare._index  # type: ignore[attr-defined]
+            self._prepares.append((set(prepare.prepared), [*self._chain(block.body[0])[:-1], _Inserted(block, index)]))  # type: ignore[attr-defined]
         # A load may be reading back a state dict taken from the wrapped model (keys with
         # the wrapper's prefix): unwrapping the model it goes into would break that pairing.
-        self._wrapped_state = any(self._wrapped(call) for call in m.findall(node, _STATE))  # type: ignore[arg-type]
+        self._wrapped_state = any(self._wrapped(call) for call in findall(node, _STATE))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ order in the setup scope
     def _chain(self, node: cst.CSTNode) -> list[cst.BaseStatement]:
@@ -92,7 +101,7 @@ class Loading(AccelifyCodemod):
 
     def _after_prepare(self, node: cst.CSTNode, receiver: str) -> Optional[bool]:
         """Does ``node`` (in the setup scope) run after the ``prepare`` of ``receiver``? None: cannot tell."""
-        prepares = [chain for call, chain in self._prepares if any(_code(a.value) == receiver for a in call.args)]
+        prepares = [chain for names, chain in self._prepares if receiver in names]
         if len(prepares) != 1:
             return None
         here, there = self._chain(node), prepares[0]
@@ -100,6 +109,10 @@ class Loading(AccelifyCodemod):
             if mine is theirs:
                 continue
             block = self.get_metadata(ParentNodeProvider, mine, None)
+            if isinstance(theirs, _Inserted):
+                if block is not theirs.block:
+                    return None
+                return _index(list(block.body), mine) >= theirs.index  # type: ignore[union-attr]
             if block is None or block is not self.get_metadata(ParentNodeProvider, theirs, None):
                 return None  # different branches of one statement
             body = list(block.body)  # type: ignore[attr-defined]
@@ -111,6 +124,9 @@ class Loading(AccelifyCodemod):
         owner = call.func.value  # type: ignore[attr-defined]
         if m.matches(owner, _UNWRAP) or ref_of(self, owner) not in self.plan.flow["model"]:
             return False
+        saving = self.other("ACC009")
+        if saving is not None and saving.unwraps(call):  # type: ignore[attr-defined]
+            return False  # saved as `accelerator.unwrap_model(model).state_dict()`
         if self.inside(call, self._plain):
             return False
         if key_at(self, call) == self.plan.setup and self._after_prepare(call, _code(owner)) is False:
@@ -147,3 +163,10 @@ def _code(node: cst.CSTNode) -> str:
 
 def _index(body: list[cst.BaseStatement], stmt: cst.BaseStatement) -> int:
     return next(i for i, s in enumerate(body) if s is stmt)
+
+
+class _Inserted:
+    """Where ACC004 inserts its ``prepare`` statement: before ``block.body[index]``."""
+
+    def __init__(self, block: cst.CSTNode, index: int) -> None:
+        self.block, self.index = block, index

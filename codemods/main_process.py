@@ -11,6 +11,8 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analysis import MODULE, key_at, qualified_names, scope_root, setup_blocks
 from accelify.plan import Plan
 
+from accelify.composite import iter_children, rebuild_with, replace_in
+
 from .base import AccelifyCodemod, accelerator_attr
 
 _PRINT = frozenset({"builtins.print", "print"})
@@ -54,7 +56,7 @@ class MainProcessOutput(AccelifyCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         # Statements of the setup block that run before the Accelerator is created.
         self._before: set[int] = set()
-        self._block_stack: list[bool] = []
+        self._rewrites: list[tuple[cst.CSTNode, cst.CSTNode, Optional[str], object]] = []
         root = scope_root(node, self.plan.setup)
         if root is None:
             return
@@ -84,6 +86,41 @@ class MainProcessOutput(AccelifyCodemod):
         return False
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        made = self._rewrite(original_node, updated_node)
+        if made is not updated_node:
+            # Where the Accelerator is created is decided after this pass (ACC001, ACC002): a call
+            # that turns out to run before it is put back in `settle`.
+            for name in _names_in(made, updated_node):
+                self.shared.quiet_uses.add(id(name))
+            self._rewrites.append((made, updated_node, key_at(self, original_node), self.changes[-1]))
+        return made
+
+    def settle(self, module: cst.Module) -> cst.Module:
+        """After ACC001 placed the Accelerator: the prints and progress bars of the setup block that
+        run before it is created stay as they were."""
+        root = scope_root(module, self.plan.setup) if self._rewrites else None
+        if root is None:
+            return module
+        creation = m.SimpleStatementLine(body=[m.Assign(value=m.Call(func=m.Name("Accelerator")))])
+        for block in setup_blocks(root):
+            at = next((i for i, stmt in enumerate(block.body) if m.matches(stmt, creation)), None)
+            if at is None:
+                continue
+            back = {id(new): old for new, old, key, _ in self._rewrites if key in (self.plan.setup, MODULE)}
+            body = list(block.body)
+            for i in range(at):
+                body[i] = rebuild_with(body[i], back, (cst.FunctionDef, cst.ClassDef, cst.Lambda))  # type: ignore[assignment]
+            if all(a is b for a, b in zip(body, block.body)):
+                return module
+            was, now = _ids_in(block.body[:at]), _ids_in(body[:at])
+            dropped = [change for new, _, _, change in self._rewrites if id(new) in was and id(new) not in now]
+            self.changes = [c for c in self.changes if not any(c is d for d in dropped)]
+            if block is module:
+                return module.with_changes(body=body)
+            return replace_in(module, block, block.with_changes(body=body))
+        return module
+
+    def _rewrite(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         names = qualified_names(self, original_node.func)
         if isinstance(original_node.func, cst.Name) and names & _PRINT:
             accelerator = self._reachable(original_node)
@@ -108,3 +145,21 @@ class MainProcessOutput(AccelifyCodemod):
                 return updated_node.with_changes(args=[*args, disable.with_changes(comma=args[-1].comma)])
             return updated_node.with_changes(args=[*args, disable])
         return updated_node
+
+
+def _names_in(made: cst.CSTNode, before: cst.CSTNode) -> list[cst.Name]:
+    """The ``Name`` nodes of ``made`` that ``before`` did not have (the ``accelerator`` written)."""
+    old = _ids_in([before])
+    return [n for n in _walk(made) if isinstance(n, cst.Name) and id(n) not in old]
+
+
+def _ids_in(nodes) -> set[int]:
+    return {id(n) for node in nodes for n in _walk(node)}
+
+
+def _walk(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(iter_children(current))

@@ -6,11 +6,15 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider
 
 from accelify.analysis import TORCH_LOAD, TORCH_SAVE, binds, key_at, qualified_names, scope_root, setup_blocks, string_value, under_main_process_check
 from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
+
+from accelify.composite import Item
 
 from .base import AccelifyCodemod
 
@@ -70,6 +74,7 @@ class MainProcessFiles(AccelifyCodemod):
                 save_image(model.sample(), f"samples/{epoch}.png")
     """
 
+    AFTER = frozenset({"ACC002"})
     CODE = "ACC017"
     NAME = "main-process-files"
     DESCRIPTION = ("save_image/savefig/np.save/save_pretrained/other torch.save on the main process only; os.makedirs(..., exist_ok=True) "
@@ -107,6 +112,7 @@ class MainProcessFiles(AccelifyCodemod):
         if id(original_node) in self._first:
             accelerator = self._first[id(original_node)]
             self.change(original_node, "downloaded by the main process first, then read by the others")
+            self.replaced(original_node)
             return self._under(f"with {accelerator}.main_process_first():", [updated_node])
         made = self._makedirs(original_node)
         if made is not None and not self._in_try(original_node) and not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in made.args):
@@ -120,12 +126,14 @@ class MainProcessFiles(AccelifyCodemod):
         self._module = node
         self._wait: set[int] = set()  # guarded writes every process waits for (the file is read back)
         self._taint = EarlyStops(self, self.plan, node, [], [])
-        self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if (
+        self._loads = [self.line_of(c)[0] for c in findall(node, m.Call()) if (
             qualified_names(self, c.func) & TORCH_LOAD  # type: ignore[arg-type]
             or m.matches(c.func, m.Attribute(attr=m.Name("from_pretrained"))))]  # type: ignore[arg-type]
-        # `accelerator = Accelerator(...)` already written where the device was (ACC002)
-        self._created = bool(m.findall(node, m.Assign(targets=[m.AssignTarget(m.Name(self.plan.accelerator))],
-                                                      value=m.Call(func=m.Name("Accelerator")))))
+        # `accelerator = Accelerator(...)` written where the device was (ACC002)
+        device = self.other("ACC002")
+        site = device.creation_site() if device is not None else None  # type: ignore[attr-defined]
+        self._site = self.statements_around(site)
+        self._created = site is not None
 
     def _line_of_statement(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         current: Optional[cst.CSTNode] = node
@@ -141,7 +149,7 @@ class MainProcessFiles(AccelifyCodemod):
         if key_at(self, stmt) != self.plan.setup:
             return None
         parent = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, stmt, None), None)
-        if isinstance(parent, cst.With) and m.findall(parent, m.Attribute(attr=m.Name("main_process_first"))):
+        if isinstance(parent, cst.With) and findall(parent, m.Attribute(attr=m.Name("main_process_first"))):
             return None  # already downloaded by the main process first
         accelerator = self.accelerator_at(stmt)
         block = self.get_metadata(ParentNodeProvider, stmt, None)
@@ -154,7 +162,7 @@ class MainProcessFiles(AccelifyCodemod):
         before = list(block.body[: next(i for i, s in enumerate(block.body) if s is stmt)])
         if self._created:
             # created where the device was: this statement must come after it, in the same block
-            if not any(m.findall(s, m.Assign(value=m.Call(func=m.Name("Accelerator")))) for s in before):
+            if not any(id(s) in self._site for s in before):
                 return None
         elif any(binds(s, self.plan.argument_names) for s in block.body[len(before):]):
             return None  # the Accelerator's arguments are bound after this: it cannot come before
@@ -162,7 +170,7 @@ class MainProcessFiles(AccelifyCodemod):
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         super().visit_SimpleStatementLine(node)
-        if any(_downloads(c) for c in m.findall(node, m.Call())):  # type: ignore[arg-type]
+        if any(_downloads(c) for c in findall(node, m.Call())):  # type: ignore[arg-type]
             accelerator = self._download_guard(node)
             if accelerator is not None:
                 self._first[id(node)] = accelerator
@@ -185,11 +193,11 @@ class MainProcessFiles(AccelifyCodemod):
         if what is not None:
             self.finding(node, "ACC127", f"{what}; left as it is.", how + ".")
 
-    def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def edit_body(self, block, items: list[Item]) -> list[Item]:
         """Consecutive writes go under one ``if accelerator.is_main_process:``."""
-        if not any(id(s) in self._guard for s in original.body):
-            return body
-        out: list[cst.BaseStatement] = []
+        if not any(id(s) in self._guard for s in block.body):
+            return items
+        out: list[Item] = []
         run: list[cst.BaseStatement] = []
         accelerator = ""
 
@@ -198,18 +206,18 @@ class MainProcessFiles(AccelifyCodemod):
         def flush() -> None:
             nonlocal wait
             if run:
-                out.append(self._under(f"if {accelerator}.is_main_process:", run))
+                out.append((self._under(f"if {accelerator}.is_main_process:", run), None))
                 if wait:
-                    out.append(self.parse_statement(f"{accelerator}.wait_for_everyone()\n"))
+                    out.append((self.parse_statement(f"{accelerator}.wait_for_everyone()\n"), None))
                 run.clear()
             wait = False
 
-        for before, updated in zip(original.body, body):
-            guard = self._guard.get(id(before))
+        for updated, before in items:
+            guard = self._guard.get(id(before)) if before is not None else None
             if guard != accelerator:
                 flush()
             if guard is None:
-                out.append(updated)
+                out.append((updated, before))
             else:
                 accelerator = guard
                 run.append(updated)
@@ -228,7 +236,7 @@ class MainProcessFiles(AccelifyCodemod):
         if not isinstance(func, cst.FunctionDef):
             return True
         name = func.name.value
-        calls = m.findall(self._module, m.Call(func=m.Name(name) | m.Attribute(attr=m.Name(name))))
+        calls = findall(self._module, m.Call(func=m.Name(name) | m.Attribute(attr=m.Name(name))))
         return bool(calls) and all(
             self._taint.guarded_by(call) is None and not under_main_process_check(self, call) for call in calls
         )
@@ -288,6 +296,7 @@ class MainProcessFiles(AccelifyCodemod):
         if not self._os_imported(original_node):
             return updated
         self.change(original_node, "`os.makedirs(..., exist_ok=True)`: a check then a create races between processes")
+        self.replaced(original_node)
         made = self.parse_statement(f"os.makedirs({checked}, exist_ok=True)\n")
         return made.with_changes(leading_lines=original_node.leading_lines)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from accelify.analysis import has_qname, ref_of
+from accelify.composite import remove_imports_of
 from accelify.plan import AUTOCASTS, Plan
 
 from .base import AccelifyCodemod, accelerator_attr
@@ -68,7 +68,7 @@ class MixedPrecision(AccelifyCodemod):
             return updated
         small = original_node.body[0]
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and self._scaler(small.targets[0].target):
-            RemoveImportsVisitor.remove_unused_import_by_node(self.context, small.value)
+            remove_imports_of(self.context, small.value)
             self.change(original_node, "GradScaler removed: the Accelerator scales the loss")
             return self.remove(updated)
         call = m.Expr(m.Call(func=m.Attribute(attr=m.Name("update") | m.Name("unscale_"))))
@@ -96,6 +96,6 @@ class MixedPrecision(AccelifyCodemod):
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
             return updated_node
-        RemoveImportsVisitor.remove_unused_import_by_node(self.context, item)
+        remove_imports_of(self.context, item)
         self.change(original_node, "autocast -> `accelerator.autocast()`")
         return updated_node.with_changes(item=cst.Call(func=accelerator_attr(accelerator, "autocast")))

@@ -7,8 +7,9 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
+
+from accelify.walk import findall
+from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource
 
 from accelify.analysis import (
     assigned_names,
@@ -19,12 +20,14 @@ from accelify.analysis import (
     receiver_refs,
     ref_of,
     root_name,
+    scope_root,
     simple_assign,
     string_value,
 )
+from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr
+from .base import AccelifyCodemod, accelerator_attr, is_noop
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
 _DEVICE_LIKE = re.compile(r"dev|gpu|cuda|rank", re.I)
@@ -74,8 +77,8 @@ class RemovePlacement(AccelifyCodemod):
     def applies(cls, plan: Plan, code: str) -> bool:
         return ".to(" in code or ".cuda(" in code or ".cpu(" in code or bool(plan.rebound_models)
 
-    def __init__(self, context, plan) -> None:
-        super().__init__(context, plan)
+    def __init__(self, context, plan, shared) -> None:
+        super().__init__(context, plan, shared)
         self._derived: list[set[str]] = []  # one set per enclosing loop/comprehension over batch data
         self._strip: set[int] = set()  # ids of placement calls to strip (original nodes)
         self._place: set[int] = set()  # ids of model constructions to place on accelerator.device
@@ -166,6 +169,11 @@ class RemovePlacement(AccelifyCodemod):
         self._derived.pop()
         return super().leave_For(original_node, updated_node)
 
+    def abandon(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, (cst.For, cst.DictComp, cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+            self._derived.pop()
+        super().abandon(original_node)
+
     def _visit_comp(self, node: Union[cst.DictComp, cst.ListComp, cst.GeneratorExp, cst.SetComp]) -> None:
         derived = self._current_derived()
         names: set[str] = set()
@@ -196,16 +204,79 @@ class RemovePlacement(AccelifyCodemod):
         if self.inside(node, self._plain):
             # A model bound again after training is not prepared: it keeps its placement, and one
             # built with none goes where the prepared dataloaders put their batches.
-            placed = m.findall(assign.value, m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda"))))
+            placed = findall(assign.value, m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda"))))
             if isinstance(assign.value, cst.Call) and not placed:
                 self._place.add(id(assign.value))
             return
-        # model = Net().to(device) / model = Net().cuda().half(): strip along the method chain.
+        self._strip |= self._chain_strips(assign)
+
+    def _chain_strips(self, assign: cst.Assign) -> set[int]:
+        """model = Net().to(device) / model = Net().cuda().half(): strip along the method chain."""
+        out = set()
         node_ = assign.value
         while isinstance(node_, cst.Call) and isinstance(node_.func, cst.Attribute):
             if self._placement(node_):
-                self._strip.add(id(node_))
+                out.add(id(node_))
             node_ = node_.func.value
+        return out
+
+    def _derived_at(self, node: cst.CSTNode) -> set[str]:
+        """The batch-data names at ``node``: what the loop and comprehension stack holds there
+        during the traversal, rebuilt from its ancestors (to answer before the traversal)."""
+        chain = []
+        current = self.get_metadata(ParentNodeProvider, node, None)
+        while current is not None:
+            if isinstance(current, (cst.For, cst.DictComp, cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+                chain.append(current)
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        saved = self._derived
+        self._derived = []
+        try:
+            for scope in reversed(chain):
+                (self.visit_For if isinstance(scope, cst.For) else self._visit_comp)(scope)  # type: ignore[operator]
+            return self._current_derived()
+        finally:
+            self._derived = saved
+
+    def would_strip(self, call: cst.Call) -> bool:
+        """Does :meth:`leave_Call` strip the placement ``call``? (Asked by codemods that decide
+        before the traversal reaches it.)"""
+        if not self._placement(call):
+            return False
+        stmt: Optional[cst.CSTNode] = call
+        while stmt is not None and not isinstance(stmt, cst.SimpleStatementLine):
+            stmt = self.get_metadata(ParentNodeProvider, stmt, None)
+        assign = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
+        chained = (
+            assign is not None
+            and all(ref_of(self, t.target) in self.plan.flow["model"] for t in assign.targets)
+            and not self._before_prepare(stmt)  # type: ignore[arg-type]
+            and not self.inside(stmt, self._plain)  # type: ignore[arg-type]
+            and id(call) in self._chain_strips(assign)
+        )
+        return self._strips(call, chained, self._derived_at(call))
+
+    def _strips(self, original_node: cst.Call, chained: bool, derived: set[str]) -> bool:
+        receiver = original_node.func.value  # type: ignore[union-attr]
+        root = root_name(receiver)
+        strip = chained
+        if not strip and root is not None and root.value in derived:
+            strip = True
+        if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)) and not self.inside(
+            original_node, self._plain
+        ) and not self._before_prepare(original_node):
+            # A model the script moves off the device (`model.cpu()` to save) must be moved back.
+            strip = not self._model_leaves_device
+        return strip
+
+    def strips_use(self, name: cst.BaseExpression) -> bool:
+        """Is ``name`` the device of a placement this codemod strips (so it goes with it)?"""
+        arg = self.get_metadata(ParentNodeProvider, name, None)
+        call = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        if not isinstance(call, cst.Call) or not self._placement(call):
+            return False
+        device = self._device_arg(call)
+        return device is not None and device.value is name and self.would_strip(call)
 
     def visit_Module(self, node: cst.Module) -> None:
         self._plain = self.rebound_statements(node)
@@ -213,8 +284,17 @@ class RemovePlacement(AccelifyCodemod):
             self._is_model(call.func.value)  # type: ignore[attr-defined]
             and (call.func.attr.value == "cpu"  # type: ignore[attr-defined]
                  or (call.args and string_value(call.args[0].value) == "cpu"))  # type: ignore[attr-defined]
-            for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("cpu") | m.Name("to"))))
+            for call in findall(node, m.Call(func=m.Attribute(attr=m.Name("cpu") | m.Name("to"))))
         )
+
+    def stripped(self, call: cst.Call) -> Optional[cst.BaseExpression]:
+        """What stripping the placement ``call`` leaves when that is its receiver alone, else None."""
+        if call.func.attr.value == "cuda":  # type: ignore[union-attr]
+            return call.func.value  # type: ignore[union-attr]
+        device = self._device_arg(call)
+        rest = [a for a in call.args if a is not device
+                and not (a.keyword is not None and a.keyword.value in _DEVICE_ONLY_KEYWORDS)]
+        return None if rest else call.func.value  # type: ignore[union-attr]
 
     def _before_prepare(self, node: cst.CSTNode) -> bool:
         """A trainer class that prepares in a method (``train``): the model its ``__init__`` builds keeps
@@ -281,22 +361,13 @@ class RemovePlacement(AccelifyCodemod):
         if not self._placement(original_node):
             self._report_unclear(original_node)
             return updated_node
-        receiver = original_node.func.value  # type: ignore[union-attr]
-        root = root_name(receiver)
-        strip = id(original_node) in self._strip
-        if not strip and root is not None and root.value in self._current_derived():
-            strip = True
-        if not strip and any(ref in self.plan.flow["model"] for ref in receiver_refs(self, receiver)) and not self.inside(
-            original_node, self._plain
-        ) and not self._before_prepare(original_node):
-            # A model the script moves off the device (`model.cpu()` to save) must be moved back.
-            strip = not self._model_leaves_device
+        strip = self._strips(original_node, id(original_node) in self._strip, self._current_derived())
         if strip:
             self.touch()
             self.change(original_node, "placement removed: prepare() places this object")
             device = self._device_arg(original_node)
             if device is not None:
-                RemoveImportsVisitor.remove_unused_import_by_node(self.context, device.value)
+                remove_imports_of(self.context, device.value)
             return self._strip_device(original_node, updated_node)
         return self._to_accelerator_device(original_node, updated_node)
 
@@ -339,3 +410,36 @@ class RemovePlacement(AccelifyCodemod):
         return call.with_changes(
             args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
+
+
+def vanishing_statements(shared) -> frozenset[int]:
+    """Original statements of the setup scope that the conversion leaves doing nothing, so they
+    go (``model = model.to(device)``, ``model = nn.DataParallel(model)``): what binds the training
+    objects is decided without them."""
+    placement = shared.codemod("ACC003")
+    data_parallel = shared.codemod("ACC006")
+    if placement is None and data_parallel is None:
+        return frozenset()
+    root = scope_root(shared.module, placement.plan.setup if placement is not None else data_parallel.plan.setup)
+    body = root if isinstance(root, cst.Module) else getattr(root, "body", None)
+    if not isinstance(body, (cst.Module, cst.IndentedBlock)):
+        return frozenset()
+    found = set()
+    for stmt, _ in iter_statements(body):
+        assign = simple_assign(stmt)
+        if assign is None or len(assign.targets) != 1:
+            continue
+        expr, stripped = assign.value, False
+        while isinstance(expr, cst.Call):
+            if placement is not None and isinstance(expr.func, cst.Attribute) and placement.would_strip(expr):
+                expr = placement.stripped(expr)
+            elif data_parallel is not None and data_parallel.unwraps(expr):
+                expr = expr.args[0].value
+            else:
+                break
+            if expr is None:
+                break
+            stripped = True
+        if stripped and expr is not None and is_noop(cst.Assign(targets=assign.targets, value=expr)):
+            found.add(id(stmt))
+    return frozenset(found)

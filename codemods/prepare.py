@@ -10,6 +10,8 @@ from accelify.analysis import Body as Block
 from accelify.analysis import binds, child_blocks, locate_setup, scope_root, trainer_functions
 from accelify.plan import Plan
 
+from accelify.composite import Item
+
 from .base import AccelifyCodemod, insert_paragraph
 
 DEFAULT_LINE_LENGTH = 88
@@ -55,6 +57,7 @@ class Prepare(AccelifyCodemod):
                 train_step(batch)
     """
 
+    AFTER = frozenset({"ACC002", "ACC003", "ACC006"})
     CODE = "ACC004"
     NAME = "prepare"
     DESCRIPTION = "Insert accelerator.prepare(...) for dataloaders, models, optimizers and per-step schedulers."
@@ -73,14 +76,18 @@ class Prepare(AccelifyCodemod):
         if root is None:
             return
         anchors = set(self.plan.anchors())
-        if any(binds(stmt, {self.plan.accelerator}) for stmt in _statements(root)):
+        device = self.other("ACC002")
+        site = device.creation_site() if device is not None else None  # type: ignore[attr-defined]
+        created = self.statements_around(site)
+        if any(binds(stmt, {self.plan.accelerator}) or id(stmt) in created for stmt in _statements(root)):
             anchors.add(self.plan.accelerator)  # created where the device was: prepare comes after it
-        located = locate_setup(root, anchors, trainer_functions(node))
+        located = locate_setup(root, anchors, trainer_functions(node), self.vanishing(), created, self.plan.accelerator)
         if located is None:  # the analysis already reported why
             return
         block, index = located
         # A per-step scheduler built before that point is prepared too; one built after is not.
         self._names += [s for s in self.plan.schedulers if any(binds(stmt, {s}) for stmt in block.body[:index])]
+        self.prepared = list(self._names)  # what ACC013 and ACC015 read
         self._target, self._index, self._depth = block, index, self._depth_of(node, block)
 
     def _depth_of(self, module: cst.Module, target: Block) -> str:
@@ -118,11 +125,14 @@ class Prepare(AccelifyCodemod):
             code = f"(\n{items}) = {call}\n{items})"
         return self.parse_statement(code)
 
-    def edit_body(self, original: Block, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        if original is not self._target:
-            return body
-        self.change(original.body[self._index - 1], f"`{self.plan.accelerator}.prepare({', '.join(self._names)})` inserted")
-        return insert_paragraph(body, self._index, self._statement())
+    def edit_body(self, block: Block, items: list[Item]) -> list[Item]:
+        if block is not self._target:
+            return items
+        self.change(block.body[self._index - 1], f"`{self.plan.accelerator}.prepare({', '.join(self._names)})` inserted")
+        at = self.position(block, items, self._index)
+        body = insert_paragraph([node for node, _ in items], at, self._statement())
+        origins = [origin for _, origin in items]
+        return list(zip(body, [*origins[:at], None, *origins[at:]]))
 
 
 def _statements(root: Union[cst.Module, cst.FunctionDef]) -> Sequence[cst.BaseStatement]:

@@ -7,7 +7,8 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import RemoveImportsVisitor
+
+from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analysis import (
@@ -20,6 +21,7 @@ from accelify.analysis import (
     under_main_process_check,
 )
 from accelify.early_stop import EarlyStops
+from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod
@@ -70,13 +72,13 @@ class Saving(AccelifyCodemod):
         self._unsynced = False  # a save no barrier follows: the next load must wait for it
         # Lines of `torch.load` calls: a file saved by the main process is read back by every
         # process only once it is written.
-        self._loads = [self.line_of(c)[0] for c in m.findall(node, m.Call()) if qualified_names(self, c.func) & TORCH_LOAD]  # type: ignore[arg-type]
+        self._loads = [self.line_of(c)[0] for c in findall(node, m.Call()) if qualified_names(self, c.func) & TORCH_LOAD]  # type: ignore[arg-type]
 
     def _checkpoint_states(self, module: cst.Module) -> set[int]:
         """``model.state_dict()`` calls inside a dict that ``torch.save`` writes (directly, or through
         the name it is bound to), or bound to the name it writes: saved from the unwrapped model."""
         dicts: list[cst.BaseExpression] = []
-        for call in m.findall(module, m.Call()):
+        for call in findall(module, m.Call()):
             if not qualified_names(self, call.func) & TORCH_SAVE or not call.args:  # type: ignore[attr-defined]
                 continue
             first = call.args[0].value  # type: ignore[attr-defined]
@@ -85,9 +87,21 @@ class Saving(AccelifyCodemod):
             elif isinstance(first, cst.Dict):
                 dicts.append(first)
         return {
-            id(c) for d in dicts for c in m.findall(d, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
+            id(c) for d in dicts for c in findall(d, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
             if ref_of(self, c.func.value) in self.plan.flow["model"]  # type: ignore[attr-defined]
         }
+
+    def unwraps(self, call: cst.Call) -> bool:
+        """Does this codemod save ``call`` (a ``model.state_dict()``) from the unwrapped model?"""
+        if id(call) in self._states:
+            return self.accelerator_at(call) is not None
+        arg = self.get_metadata(ParentNodeProvider, call, None)
+        save = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        return (
+            isinstance(save, cst.Call) and bool(save.args) and save.args[0] is arg
+            and bool(qualified_names(self, save.func) & TORCH_SAVE)
+            and self._model_state(call) is not None and self.accelerator_at(call) is not None
+        )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) not in self._states:
@@ -120,7 +134,7 @@ class Saving(AccelifyCodemod):
         callback's ``save_checkpoint(self, val_loss, model)``): a parameter accelify does not follow."""
         values = assigned_values(self, expr) if isinstance(expr, cst.Name) else [expr]
         for value in values:
-            for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
+            for call in findall(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
                 owner = call.func.value  # type: ignore[attr-defined]
                 if not isinstance(owner, cst.Name) or owner.value == "self" or ref_of(self, owner) in self.plan.flow["model"]:
                     continue  # `self.state_dict()` in the model's own method: a wrapper has no such method
@@ -141,7 +155,7 @@ class Saving(AccelifyCodemod):
         prepared = self.plan.flow["model"] | self.plan.refs(self.plan.optimizers)
         if isinstance(expr, cst.Name):
             return any(self._training_state(value) for value in assigned_values(self, expr))
-        for call in m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("state_dict")))):
+        for call in findall(expr, m.Call(func=m.Attribute(attr=m.Name("state_dict")))):
             if any(r in prepared for r in receiver_refs(self, call.func.value)):  # type: ignore[attr-defined]
                 return True
         return False
@@ -150,7 +164,7 @@ class Saving(AccelifyCodemod):
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
-        if self._unsynced and any(qualified_names(self, c.func) & TORCH_LOAD for c in m.findall(original_node, m.Call())):  # type: ignore[attr-defined]
+        if self._unsynced and any(qualified_names(self, c.func) & TORCH_LOAD for c in findall(original_node, m.Call())):  # type: ignore[attr-defined]
             accelerator = self.accelerator_at(original_node)
             if accelerator is not None and not under_main_process_check(self, original_node) and not self._per_process(original_node):
                 # A file saved under a test (`if acc > best:`) may still be being written by the main
@@ -224,12 +238,13 @@ class Saving(AccelifyCodemod):
             torch_call = cst.Module(body=[]).code_for_node(updated_node.body[0].value.with_changes(args=args))  # type: ignore[attr-defined]
             guarded = under_main_process_check(self, original_node)
             save = self.parse_statement(torch_call + "\n" if guarded else f"if {accelerator}.is_main_process:\n    {torch_call}\n")
-        RemoveImportsVisitor.remove_unused_import_by_node(self.context, call.func)
+        remove_imports_of(self.context, call.func)
         self.change(original_node, "saved once, from the unwrapped model, after every process is done")
         if under_main_process_check(self, original_node) or self._per_process(original_node):
             # A barrier here would wait for processes that never get here: under a main-process
             # check, or under a test each process decides on its own (`if val_acc > best:`).
             self._unsynced = True  # a later load waits for it
+            self.replaced(original_node)
             return save.with_changes(leading_lines=updated_node.leading_lines)
         self._saved.add(id(original_node))
         wait = self.parse_statement(f"{accelerator}.wait_for_everyone()\n")

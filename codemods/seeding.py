@@ -6,10 +6,14 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+
+from accelify.walk import findall
+from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import qualified_names
 from accelify.plan import Plan
+
+from accelify.composite import Item, remove_imports_of
 
 from .base import AccelifyCodemod
 
@@ -63,7 +67,7 @@ class Seeding(AccelifyCodemod):
         # The script's own `set_seed` (a helper, another library's) would shadow the import.
         self._name_taken = any(
             "accelerate.utils.set_seed" not in qualified_names(self, name)
-            for name in m.findall(node, m.Name("set_seed"))
+            for name in findall(node, m.Name("set_seed"))
         )
 
     def _seed(self, stmt: cst.BaseStatement) -> Optional[tuple[str, str]]:
@@ -76,32 +80,35 @@ class Seeding(AccelifyCodemod):
             return None
         return names.pop(), cst.Module(body=[]).code_for_node(call.args[0].value)
 
-    def edit_body(self, original, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        if self._name_taken or not any(self._seed(stmt) is not None for stmt in original.body):
-            return body
-        out: list[cst.BaseStatement] = []
+    def _seed_of(self, origin: Optional[cst.BaseStatement]) -> Optional[tuple[str, str]]:
+        return self._seed(origin) if origin is not None else None
+
+    def edit_body(self, block, items: list[Item]) -> list[Item]:
+        if self._name_taken or not any(self._seed(stmt) is not None for stmt in block.body):
+            return items
+        out: list[Item] = []
         i = 0
-        while i < len(body):
-            seed = self._seed(original.body[i])
+        while i < len(items):
+            seed = self._seed_of(items[i][1])
             if seed is None:
-                out.append(body[i])
+                out.append(items[i])
                 i += 1
                 continue
             j = i
             group: dict[str, str] = {}
-            while j < len(body) and (s := self._seed(original.body[j])) is not None and s[1] == seed[1]:
+            while j < len(items) and (s := self._seed_of(items[j][1])) is not None and s[1] == seed[1]:
                 group[s[0]] = s[1]
                 j += 1
             others = {"random.seed", "numpy.random.seed"} <= set(group)
             if "torch.manual_seed" in group and (others or self._quiet_imports):
                 statement = self.parse_statement(f"set_seed({seed[1]})\n")
-                out.append(statement.with_changes(leading_lines=body[i].leading_lines))
+                out.append((statement.with_changes(leading_lines=items[i][0].leading_lines), None))
                 for k in range(i, j):
-                    RemoveImportsVisitor.remove_unused_import_by_node(self.context, original.body[k])
+                    remove_imports_of(self.context, items[k][1])
                 AddImportsVisitor.add_needed_import(self.context, "accelerate.utils", "set_seed")
-                self.change(original.body[i], "seeding -> `set_seed` (Python, NumPy, torch, every device)")
+                self.change(items[i][1], "seeding -> `set_seed` (Python, NumPy, torch, every device)")
             else:
-                out.extend(body[i:j])
+                out.extend(items[i:j])
             i = j
         return out
 
@@ -110,7 +117,7 @@ def _imported_modules(module: cst.Module) -> list[Optional[str]]:
     from libcst.helpers import get_full_name_for_node
 
     out: list[Optional[str]] = []
-    for node in m.findall(module, m.Import() | m.ImportFrom()):
+    for node in findall(module, m.Import() | m.ImportFrom()):
         if isinstance(node, cst.Import):
             out.extend(get_full_name_for_node(a.name) for a in node.names)
         elif node.relative:

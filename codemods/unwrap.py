@@ -6,6 +6,8 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
+
+from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider
 
 from accelify.analysis import (
@@ -84,22 +86,27 @@ def _in_training_step(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool
 
 def _steps(node: cst.CSTNode) -> bool:
     """A backward in ``node``, outside the loops nested in it."""
-    nested = {id(n) for loop in m.findall(node, m.For() | m.While()) if loop is not node
-              for n in m.findall(loop, BACKWARD)}
-    return any(id(call) not in nested for call in m.findall(node, BACKWARD))
+    nested = {id(n) for loop in findall(node, m.For() | m.While()) if loop is not node
+              for n in findall(loop, BACKWARD)}
+    return any(id(call) not in nested for call in findall(node, BACKWARD))
 
 
-def plain_model_statements(module: cst.Module, plan: Plan, trainers: set[str]) -> list[cst.BaseStatement]:
-    """Setup statements that hold the plain model: those before ``prepare``, and those from a model
-    bound again after training on (a reload for a test)."""
+def plain_model_statements(
+    module: cst.Module, plan: Plan, trainers: set[str], located: Optional[tuple] = None,
+    ignore: frozenset[int] = frozenset(),
+) -> list[cst.BaseStatement]:
+    """Setup statements that hold the plain model: those before ``prepare`` (where ``located`` says
+    it goes, else where the objects are bound), and those from a model bound again after training
+    on (a reload for a test).  ``ignore``: statements the conversion leaves binding nothing."""
     root = scope_root(module, plan.setup)
     core = set(plan.anchors())
-    located = locate_setup(root, core, trainers) if root is not None else None
+    if located is None:
+        located = locate_setup(root, core, trainers, ignore) if root is not None else None
     if located is None:
         return []
     block, index = located
     before = [s for s in block.body[:index] if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
-    return before + rebound_region(block, index, core, set(plan.rebound_models), trainers)
+    return before + rebound_region(block, index, core, set(plan.rebound_models), trainers, ignore)
 
 
 class UnwrapModelAttributes(AccelifyCodemod):
@@ -138,13 +145,16 @@ class UnwrapModelAttributes(AccelifyCodemod):
             sample = accelerator.unwrap_model(model).decode(z)
     """
 
+    AFTER = frozenset({"ACC004"})
     CODE = "ACC016"
     NAME = "model-attributes"
     DESCRIPTION = "model.attr (not nn.Module's) after prepare -> accelerator.unwrap_model(model).attr."
     REQUIRES = frozenset({"ACC001", "ACC004"})
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._plain = {id(s) for s in plain_model_statements(node, self.plan, trainer_functions(node))}
+        prepare = self.other("ACC004")
+        located = (prepare._target, prepare._index) if prepare is not None and prepare._target is not None else None  # type: ignore[attr-defined]
+        self._plain = {id(s) for s in plain_model_statements(node, self.plan, trainer_functions(node), located, self.vanishing())}
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if not model_attribute(self, original_node, self.plan) or self.inside(original_node, self._plain):

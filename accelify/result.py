@@ -1,0 +1,32 @@
+"""What a conversion takes and gives back: plain records, no LibCST (the command line and its
+worker processes import this without paying for the parser)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from accelify.report import Change, Finding
+
+
+@dataclass(frozen=True)
+class Options:
+    line_length: int = 88
+    #: Run only the codemods with these codes (``None``: all of them).
+    select: Optional[frozenset[str]] = None
+    #: Report only the findings with these codes (``None``: all of them).
+    findings: Optional[frozenset[str]] = None
+
+
+@dataclass
+class Result:
+    path: str
+    source: str
+    output: str
+    changes: list[Change] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    error: Optional[str] = None
+
+    @property
+    def changed(self) -> bool:
+        return self.error is None and self.output != self.source

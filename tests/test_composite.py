@@ -1,0 +1,167 @@
+"""The one-pass engine: metadata resolved once, one traversal, and the cheap stand-ins for
+LibCST's providers giving LibCST's answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import libcst.matchers as m
+import pytest
+from libcst.metadata import (
+    ExpressionContext,
+    ExpressionContextProvider,
+    MetadataWrapper,
+    ParentNodeProvider,
+    PositionProvider,
+    ScopeProvider,
+)
+
+from libcst.metadata.scope_provider import ScopeVisitor
+
+from accelify import composite, pipeline, walk
+from accelify.codemods import CODEMODS
+from accelify.names import read_anywhere, undefined_names
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted((ROOT / "fixtures").glob("*/before.py"))
+SAMPLE = [p for p in SOURCES if p.parent.name in ("mnist_functions", "trainer_builds_optimizer", "dict_batch_metrics",
+                                                   "device_if_elif_else", "gan_two_optimizers", "amp_fp16")]
+
+
+def test_every_codemod_runs_after_what_it_reads() -> None:
+    order = [c.CODE for c in CODEMODS]
+    for codemod in CODEMODS:
+        for code in codemod.AFTER:
+            assert code in order, f"{codemod.CODE} reads unknown {code}"
+            if code != "ACC008":  # ACC001 places the Accelerator after the pass, when ACC008 is done
+                assert order.index(code) < order.index(codemod.CODE), f"{codemod.CODE} must run after {code}"
+
+
+def test_metadata_is_resolved_once_and_the_tree_walked_once(monkeypatch) -> None:
+    source = (ROOT / "fixtures" / "mnist_functions" / "before.py").read_text()
+    scopes = []
+    real_infer = ScopeVisitor.infer_accesses  # runs once at the end of every scope analysis
+
+    def infer_accesses(self):
+        scopes.append(self)
+        return real_infer(self)
+
+    monkeypatch.setattr(ScopeVisitor, "infer_accesses", infer_accesses)
+    passes = []
+    real_visit = composite.Composite.on_visit
+
+    def on_visit(self, node):
+        if isinstance(node, cst.Module):
+            passes.append(node)
+        return real_visit(self, node)
+
+    monkeypatch.setattr(composite.Composite, "on_visit", on_visit)
+    result = pipeline.convert_source(source, "mnist.py")
+    assert result.changed and result.error is None
+    assert len(scopes) == 1  # no import left to remove: LibCST's import visitor never resolves again
+    assert len(passes) == 1
+
+
+@pytest.mark.parametrize("path", SAMPLE, ids=lambda p: p.parent.name)
+def test_positions_parents_and_contexts_are_libcsts(path: Path) -> None:
+    module = cst.parse_module(path.read_text())
+    ours = composite.resolve(module)
+    try:
+        theirs = MetadataWrapper(module, unsafe_skip_copy=True)
+        positions = theirs.resolve(PositionProvider)
+        parents = theirs.resolve(ParentNodeProvider)
+        contexts = theirs.resolve(ExpressionContextProvider)
+        lazy_positions = ours._metadata[PositionProvider]
+        lazy_contexts = ours._metadata[ExpressionContextProvider]
+        checked = 0
+        for node in walk.active().order:  # type: ignore[union-attr]
+            if node in positions and node is not module:  # (the module itself: nobody asks)
+                assert lazy_positions.get(node) == positions[node], node
+                checked += 1
+            assert ours._metadata[ParentNodeProvider].get(node) is parents.get(node)
+            if isinstance(node, (cst.Name, cst.Attribute)) and not _in_import(node, parents):
+                expected = contexts.get(node)
+                got = lazy_contexts.get(node)
+                # LOAD is what accelify asks about: it must agree exactly there
+                assert (got == ExpressionContext.LOAD) == (expected == ExpressionContext.LOAD), cst.Module([]).code_for_node(node)
+        assert checked > 100
+    finally:
+        walk.activate(None)
+
+
+def _in_import(node: cst.CSTNode, parents) -> bool:
+    """(LibCST calls the names of an import statement, a keyword (`f(batch_size=8)`) and an
+    attribute's `.attr` loads: they name nothing in a scope, and no codemod asks about them.)"""
+    parent = parents.get(node)
+    if isinstance(parent, cst.Arg) and parent.keyword is node or isinstance(parent, cst.Attribute) and parent.attr is node:
+        return True
+    while node is not None:
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            return True
+        node = parents.get(node)
+    return False
+
+
+MATCHERS = [
+    m.Call(), m.Name(), m.Attribute(attr=m.Name("to")), m.Call(func=m.Attribute(attr=m.Name("backward"))),
+    m.Assign(), m.Name() | m.Attribute(), m.For() | m.While(), m.SimpleStatementLine(body=[m.Expr(m.Call())]),
+]
+
+
+@pytest.mark.parametrize("path", SAMPLE, ids=lambda p: p.parent.name)
+def test_indexed_findall_is_libcsts(path: Path) -> None:
+    module = cst.parse_module(path.read_text())
+    walk.activate(walk.build(module))
+    try:
+        subtrees = [module, *module.body, *m.findall(module, m.For()), *m.findall(module, m.Call())[:20]]
+        for tree in subtrees:
+            for matcher in MATCHERS:
+                fast = walk.findall(tree, matcher)
+                slow = m.findall(tree, matcher)
+                assert len(fast) == len(slow) and all(a is b for a, b in zip(fast, slow))
+        new = cst.parse_expression("f(x)")  # not in the indexed tree: LibCST answers
+        assert [type(n) for n in walk.findall(new, m.Name())] == [cst.Name, cst.Name]
+    finally:
+        walk.activate(None)
+
+
+def test_undefined_names_are_the_ones_nothing_binds() -> None:
+    source = (
+        "import os\nfrom m import helper\n\n"
+        "def main():\n    acc = 1\n    def inner():\n        return acc + os.sep + missing_inner\n"
+        "    print(len(helper), __name__)\n    return inner\n\n"
+        "class A:\n    x = undefined_in_class\n\n"
+        "def g():\n    global later\n    later = 1\n\n"
+        "print(later, accelerator)\n"
+    )
+    assert undefined_names(source) == {"missing_inner", "undefined_in_class", "accelerator"}
+    assert undefined_names("from m import *\nprint(anything)\n") == set()
+    assert undefined_names("def f(:\n") == set()
+
+
+def test_names_read_anywhere() -> None:
+    source = "import torch\nimport torch.nn as nn\nfrom x import y\n\ndef f():\n    return nn.Linear(1, 1)\n"
+    assert read_anywhere(source) >= {"nn"}
+    assert "torch" not in read_anywhere(source) and "y" not in read_anywhere(source)
+
+
+def test_a_file_that_cannot_train_is_not_parsed_by_libcst(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("LibCST parse of a file with nothing to train")
+
+    monkeypatch.setattr(cst, "parse_module", refuse)
+    source = "import os\n\nprint(os.sep)\n"
+    result = pipeline.convert_source(source, "plain.py")
+    assert result.output == source and result.error is None and not result.findings
+    monkeypatch.undo()  # (what CPython rejects is confirmed with LibCST: it knows newer syntax)
+    broken = pipeline.convert_source("import os\nx = (\n", "broken.py")
+    assert broken.error is not None and broken.error.startswith("broken.py:2:")
+
+
+def test_replace_in_rebuilds_the_path_only() -> None:
+    module = cst.parse_module("def f():\n    if x:\n        a = 1\n    b = 2\n\nc = 3\n")
+    block = module.body[0].body.body[0].body  # type: ignore[attr-defined]
+    new = composite.replace_in(module, block, block.with_changes(body=[cst.parse_statement("a = 9\n")]))
+    assert new.code == "def f():\n    if x:\n        a = 9\n    b = 2\n\nc = 3\n"
+    assert new.body[1] is module.body[1]  # untouched statements are the same objects
