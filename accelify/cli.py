@@ -7,21 +7,24 @@ the other files are still processed).
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
-from rich.console import Console
 
 from accelify import __version__
-from accelify.diff import print_diff, unified_diff
-from accelify.io import Source, SourceError, decode, iter_python_files, read_source, write_atomic
-from accelify.report import Finding, report_github, report_json
+from accelify.io import iter_python_files, write_atomic
 
 if TYPE_CHECKING:
-    from accelify.pipeline import Result
+    from accelify.report import Change, Finding
+    from accelify.runner import Outcome
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 123
+
+#: From this many files on, a progress bar on a terminal's stderr.
+PROGRESS_FROM = 10
 
 app = typer.Typer(
     add_completion=False,
@@ -67,9 +70,13 @@ def convert(
     select: List[str] = typer.Option([], "--select", help="Only these codes or prefixes (ACC004, ACC1); repeatable or comma-separated."),
     ignore: List[str] = typer.Option([], "--ignore", help="Not these codes or prefixes; repeatable or comma-separated."),
     output_format: str = typer.Option("text", "--format", help="text (diff on stdout, findings on stderr), json, or github."),
+    jobs: Optional[int] = typer.Option(
+        None, "--jobs", "-j", min=1, help="Files converted at once, in worker processes (default: the number of CPUs; 1: no workers)."
+    ),
 ) -> None:
     """Convert training scripts; by default print a unified diff and write nothing."""
-    from accelify.pipeline import Options, convert_source  # LibCST loads only when there is work
+    from accelify.result import Options
+    from accelify.runner import convert_all
 
     if in_place and output is not None:
         _usage("--in-place and --output cannot be used together.")
@@ -90,51 +97,134 @@ def convert(
     if show_diff and output_format == "json":
         _usage("--diff with --format json: the diffs are in the JSON already.")
     use_color = color if color is not None else sys.stdout.isatty()
-    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     options = Options(line_length=line_length, select=codemods, findings=finding_codes)
-    diffs: dict[str, str] = {}
+    if jobs is None:
+        jobs = os.cpu_count() or 1
 
-    results: "list[Result]" = []
-    status = EXIT_OK
-    for path in files:
-        try:
-            source = decode(sys.stdin.buffer.read(), "<stdin>") if path == "-" else read_source(path)
-        except SourceError as exc:
-            err.print(f"error: {exc}", markup=False)
-            status = EXIT_ERROR
-            continue
-        result = convert_source(source.text, source.path, options)
-        results.append(result)
-        if result.error is not None:
-            err.print(f"error: {result.error}", markup=False)
-            status = EXIT_ERROR
-            continue
-        if result.changed:
-            diffs[source.path] = unified_diff(result.source, result.output, source.path)
-        if show_diff and result.changed:
-            print_diff(diffs[source.path], sys.stdout, use_color)
-            sys.stdout.flush()
-        if output is not None:
-            _write_output(output, result, source)
-        elif in_place and result.changed:
-            try:
-                write_atomic(source.path, result.output, source.encoding)
-            except OSError as exc:
-                err.print(f"error: {source.path}: cannot write: {exc.strerror or exc}", markup=False)
-                status = EXIT_ERROR
-        if check and result.changed:
-            status = max(status, EXIT_WOULD_CHANGE)
-        if output_format == "text":
-            _print_findings(err, result.findings)
+    run = _Run(show_diff=show_diff, use_color=use_color, output=output, in_place=in_place, quiet=quiet,
+               output_format=output_format, keep=output_format != "text")
+    # A bar on stderr only where a person watches it, and not over diffs printed on that terminal.
+    if len(files) >= PROGRESS_FROM and not quiet and sys.stderr.isatty() and not (show_diff and sys.stdout.isatty()):
+        run.progress = _progress_bar()
+    if run.progress is None:
+        for outcome in convert_all(files, options, jobs):
+            run.finish(outcome)
+    else:
+        with run.progress:
+            task = run.progress.add_task("accelify", total=len(files))
+            for outcome in convert_all(files, options, jobs):
+                run.finish(outcome)
+                run.progress.advance(task)
+        run.progress = None
 
-    summary = _summary(results, len(files), in_place=in_place, check=check)
+    status = EXIT_ERROR if run.errors else EXIT_WOULD_CHANGE if check and run.changed else EXIT_OK
+    summary = _summary(run.changed, run.errors, run.findings, len(files), in_place=in_place)
     if output_format == "json":
-        report_json(results, diffs, summary, sys.stdout)
+        from accelify.report import report_json
+
+        report_json(run.records, run.diffs, summary, sys.stdout)
     elif output_format == "github":
-        report_github(results, sys.stdout)
+        from accelify.report import report_github
+
+        report_github(run.records, sys.stdout)
     if not quiet:
-        err.print(summary, markup=False)
+        run.say(summary)
     raise typer.Exit(status)
+
+
+@dataclass
+class _Record:
+    """What the summary and the JSON/GitHub reports need of a file once it is printed or written."""
+
+    path: str
+    error: Optional[str]
+    changed: bool
+    changes: "list[Change]"
+    findings: "list[Finding]"
+
+
+@dataclass
+class _Run:
+    """Prints or writes each file's outcome as it comes, keeping only the counts (and, for the
+    JSON and GitHub reports, each file's changes, findings and diff: never its text)."""
+
+    show_diff: bool
+    use_color: bool
+    output: Optional[str]
+    in_place: bool
+    quiet: bool
+    output_format: str
+    keep: bool
+    progress: object = None
+    changed: int = 0
+    errors: int = 0
+    findings: int = 0
+    records: "list[_Record]" = field(default_factory=list)
+    diffs: "dict[str, str]" = field(default_factory=dict)
+
+    def say(self, text: str) -> None:
+        """A line on stderr (above the progress bar when there is one)."""
+        if self.progress is not None:
+            self.progress.console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        else:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+    def finish(self, outcome: "Outcome") -> None:
+        result = outcome.result
+        error = result.error
+        changed = result.changed
+        if changed and (self.show_diff or self.output_format == "json"):
+            from accelify.diff import print_diff, unified_diff
+
+            diff = unified_diff(result.source, result.output, result.path)
+            if self.output_format == "json":
+                self.diffs[result.path] = diff
+            if self.show_diff:
+                print_diff(diff, sys.stdout, self.use_color)
+                sys.stdout.flush()
+        self.findings += len(result.findings)
+        if error is None:
+            error = self._write(result.output, result.path, outcome.encoding, changed)
+            if error is not None:  # a failed write is an error, not a conversion
+                self.say(f"error: {error}")
+                changed = False
+            elif changed and not self.quiet:
+                self.say(f"{'converted' if self.in_place else 'would convert'} {result.path}")
+            if self.output_format == "text":
+                for finding in result.findings:
+                    self.say(finding.render())
+        else:
+            self.say(f"error: {error}")
+        self.errors += error is not None
+        self.changed += changed
+        if self.keep:
+            self.records.append(_Record(result.path, error, changed, result.changes, result.findings))
+
+    def _write(self, text: str, path: str, encoding: str, changed: bool) -> Optional[str]:
+        """Write the converted text where asked; the error, if that failed."""
+        target = self.output if self.output is not None else path if self.in_place and changed else None
+        if target is None:
+            return None
+        try:
+            if target == "-":
+                sys.stdout.buffer.write(text.encode(encoding))
+                sys.stdout.flush()
+            else:
+                write_atomic(target, text, encoding)
+        except OSError as exc:
+            return f"{target}: cannot write: {exc.strerror or exc}"
+        return None
+
+
+def _progress_bar():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False,
+    )
 
 
 def _split(values: List[str]) -> list[str]:
@@ -143,6 +233,8 @@ def _split(values: List[str]) -> list[str]:
 
 def _selection(select: List[str], ignore: List[str]) -> tuple[Optional[frozenset[str]], Optional[frozenset[str]]]:
     """(codemods to run, findings to report) from --select/--ignore; None means all."""
+    if not select and not ignore:
+        return None, None  # (the codemods, and LibCST with them, are not even imported)
     from accelify.codemods import by_code
     from accelify.findings import FINDINGS
 
@@ -171,23 +263,7 @@ def _selection(select: List[str], ignore: List[str]) -> tuple[Optional[frozenset
     )
 
 
-def _write_output(output: str, result: "Result", source: Source) -> None:
-    if output == "-":
-        sys.stdout.buffer.write(result.output.encode(source.encoding))
-        sys.stdout.flush()
-    else:
-        write_atomic(output, result.output, source.encoding)
-
-
-def _print_findings(err: Console, findings: list[Finding]) -> None:
-    for finding in findings:
-        err.print(finding.render(), markup=False)
-
-
-def _summary(results: "list[Result]", total: int, *, in_place: bool, check: bool) -> str:
-    changed = sum(r.changed for r in results)
-    errors = total - sum(r.error is None for r in results)
-    findings = sum(len(r.findings) for r in results)
+def _summary(changed: int, errors: int, findings: int, total: int, *, in_place: bool) -> str:
     verb = "converted" if in_place else "would be converted"
     parts = [f"{changed} file{'s' if changed != 1 else ''} {verb}", f"{total - changed - errors} unchanged"]
     if findings:
@@ -222,4 +298,86 @@ def rules(code: Optional[str] = typer.Argument(None, help="A code such as ACC004
 
 
 def main() -> None:
-    app()
+    kwargs = _plain_convert_args(sys.argv[1:])
+    if kwargs is None:
+        app()
+        return
+    try:
+        convert(**kwargs)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:  # `accelify convert . | head`: as click does
+        sys.stdout = open(os.devnull, "w")
+        sys.exit(1)
+    except KeyboardInterrupt:  # as click does
+        sys.stderr.write("\nAborted!\n")
+        sys.exit(1)
+
+
+def _plain_convert_args(argv: List[str]) -> Optional[dict]:
+    """``convert``'s arguments read straight from a plain ``accelify convert ...`` command line.
+
+    typer builds a pydantic validator for each parameter it converts, which costs more than
+    the whole run on a file that cannot train; this reads the options ``convert`` declares
+    (the same flags, defaults and minimums) and gives up, leaving the command line to typer,
+    on anything else: help, an unknown or bundled option, a missing or invalid value.
+    """
+    import inspect
+    import typing
+
+    if not argv or argv[0] != "convert":
+        return None
+    hints = typing.get_type_hints(convert)
+    switches: dict[str, tuple[str, bool]] = {}  # flag -> (parameter, value)
+    takes_value: dict[str, tuple[str, object, Optional[int], bool]] = {}  # flag -> (parameter, type, min, repeatable)
+    kwargs: dict = {}
+    positional = ""
+    for name, parameter in inspect.signature(convert).parameters.items():
+        info = parameter.default
+        if isinstance(info, typer.models.ArgumentInfo):
+            positional = name
+            kwargs[name] = []
+            continue
+        hint = hints[name]
+        kind = next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)  # Optional[X], List[X]: X
+        repeatable = typing.get_origin(hint) is list
+        kwargs[name] = list(info.default) if repeatable else info.default
+        for decl in info.param_decls:
+            on, _, off = decl.partition("/")
+            if kind is bool:
+                switches[on] = (name, True)
+                if off:
+                    switches[off] = (name, False)
+            else:
+                takes_value[on] = (name, kind, info.min, repeatable)
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg == "--":
+            kwargs[positional].extend(rest)
+            break
+        if arg == "-" or not arg.startswith("-"):
+            kwargs[positional].append(arg)
+            continue
+        if arg in switches:
+            name, value = switches[arg]
+            kwargs[name] = value
+            continue
+        flag, value = (arg.split("=", 1) + [None])[:2] if arg.startswith("--") else (arg[:2], arg[2:] or None)
+        if flag not in takes_value:
+            return None
+        name, kind, minimum, repeatable = takes_value[flag]
+        if value is None:
+            value = next(rest, None)
+            if value is None or (value.startswith("-") and value != "-"):
+                return None
+        if kind is int:
+            if not (value.isascii() and value.isdigit()) or (minimum is not None and int(value) < minimum):
+                return None
+            value = int(value)
+        elif kind is not str:
+            return None
+        if repeatable:
+            kwargs[name].append(value)
+        else:
+            kwargs[name] = value
+    return kwargs if kwargs[positional] else None

@@ -5,9 +5,6 @@ from __future__ import annotations
 import difflib
 from typing import TextIO
 
-from rich.console import Console
-from rich.text import Text
-
 _NO_NEWLINE = "\\ No newline at end of file\n"
 
 
@@ -35,6 +32,9 @@ def print_diff(diff: str, stream: TextIO, color: bool) -> None:
     if not color:
         stream.write(diff)
         return
+    from rich.console import Console  # only for colour: rich costs more than the rest of a plain run
+    from rich.text import Text
+
     console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=True, emoji=False)
     for line in diff.splitlines():
         style = next((s for prefix, s in _STYLES if line.startswith(prefix)), "")

@@ -48,8 +48,11 @@ def read_source(path: str) -> Source:
 
 
 def write_atomic(path: str, text: str, encoding: str) -> None:
-    """Replace ``path`` with ``text`` in one step: a crash never leaves half a file."""
-    target = Path(path)
+    """Replace ``path`` with ``text`` in one step: a crash never leaves half a file.
+
+    A symbolic link is written through: its target gets the text, the link stays a link.
+    """
+    target = Path(os.path.realpath(path))
     data = text.encode(encoding)
     mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".accelify", dir=target.parent)
@@ -68,7 +71,22 @@ def write_atomic(path: str, text: str, encoding: str) -> None:
 
 
 def iter_python_files(paths: Iterable[str]) -> Iterator[str]:
-    """Files as given; directories expanded to their ``*.py`` files, sorted, skipping tool folders."""
+    """Files as given; directories expanded to their ``*.py`` files, sorted, skipping tool folders.
+
+    A file reached twice (given twice, or through symbolic links) comes once, under the first
+    of its names; standard input ('-') is never merged.
+    """
+    seen: set[str] = set()
+    for path in _expand(paths):
+        if path != "-":
+            real = os.path.realpath(path)
+            if real in seen:
+                continue
+            seen.add(real)
+        yield path
+
+
+def _expand(paths: Iterable[str]) -> Iterator[str]:
     for given in paths:
         if given == "-" or not os.path.isdir(given):
             yield given

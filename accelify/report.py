@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import TextIO
 
@@ -34,14 +33,28 @@ class Finding:
         return asdict(self)
 
     def render(self) -> str:
-        text = f"{self.path}:{self.line}:{self.column}: {self.code} {self.message}"
+        text = f"{self.path}{_position(self.line, self.column, ':{}:{}', ':{}')}: {self.code} {self.message}"
         if self.suggestion:
             text += f" Suggestion: {self.suggestion}"
         return text
 
 
+def _known(number) -> bool:
+    """A line or column that says something: 1-based, so 0 (or None) means unknown."""
+    return isinstance(number, int) and number > 0
+
+
+def _position(line, column, both: str, line_only: str) -> str:
+    """``both`` or ``line_only`` formatted with what is known of a position; nothing if no line is."""
+    if not _known(line):
+        return ""
+    return both.format(line, column) if _known(column) else line_only.format(line)
+
+
 def report_json(results, diffs: dict, summary: str, stream: TextIO) -> None:
     """One JSON document for tools: every file's status, changes, findings and diff."""
+    import json
+
     files = []
     for result in results:
         status = "error" if result.error else ("changed" if result.changed else "unchanged")
@@ -71,7 +84,8 @@ def report_github(results, stream: TextIO) -> None:
             stream.write(f"::error file={_escape(result.path, True)},title=accelify::{_escape(result.error)}\n")
         for f in result.findings:
             message = f.message + (f" Suggestion: {f.suggestion}" if f.suggestion else "")
+            position = _position(f.line, f.column, ",line={},col={}", ",line={}")
             stream.write(
-                f"::warning file={_escape(f.path, True)},line={f.line},col={f.column},"
+                f"::warning file={_escape(f.path, True)}{position},"
                 f"title={_escape('accelify ' + f.code, True)}::{_escape(message)}\n"
             )

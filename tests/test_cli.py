@@ -368,9 +368,9 @@ def test_rewrite_failing_a_safety_check_exits_123_and_writes_nothing(project: Pa
     if failure == "does not parse":
         monkeypatch.setattr(pipeline, "_still_parses", lambda source, output: "Accelerator" not in output)
     else:
-        real = pipeline._undefined_names
-        monkeypatch.setattr(pipeline, "_undefined_names",
-                            lambda wrapper: real(wrapper) | ({"ghost"} if "accelerator" in wrapper.module.code else set()))
+        real = pipeline.undefined_names
+        monkeypatch.setattr(pipeline, "undefined_names",
+                            lambda code: real(code) | ({"ghost"} if "accelerator" in code else set()))
     (project / "other.py").write_text(TRAIN)
     monkeypatch.chdir(project)
     result = CliRunner().invoke(app, ["convert", "--in-place", "train.py"])
