@@ -13,6 +13,7 @@ block is rebuilt once, when the traversal leaves it.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 import libcst as cst
@@ -27,6 +28,7 @@ from libcst.metadata import (
     ParentNodeProvider,
     PositionProvider,
     QualifiedNameProvider,
+    QualifiedNameSource,
     ScopeProvider,
 )
 
@@ -39,6 +41,7 @@ Block = Union[cst.Module, cst.IndentedBlock]
 Item = tuple[cst.BaseStatement, Optional[cst.BaseStatement]]
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def iter_children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
@@ -199,13 +202,48 @@ class Shared:
         return self.origin.get(id(stmt))
 
 
+#: Names a codemod may act on without an import or a name of the plan in sight (``.to(``,
+#: ``.backward()``, ``print``, ``open``, a ``download=`` keyword, ...).
+TRIGGERS = frozenset({
+    "to", "cuda", "cpu", "module", "backward", "save", "load", "state_dict", "load_state_dict", "save_pretrained",
+    "from_pretrained", "print", "open", "download", "scale", "step", "update", "unscale_", "zero_grad", "device",
+    "accelerator", "Accelerator", "tqdm", "trange", "makedirs", "mkdir", "exists", "isdir", "seed", "manual_seed",
+    "parameters", "named_parameters", "DataParallel", "DistributedDataParallel", "autocast", "GradScaler",
+})
+
+#: Skip the definitions nothing can change (see :meth:`Composite._inert`); off to compare.
+SKIP_INERT = True
+
+
+def plan_names(plan: object) -> set[str]:
+    """Every identifier the plan mentions (objects, devices, helpers, scopes, flags)."""
+    out: set[str] = set()
+
+    def collect(value: Any) -> None:
+        if isinstance(value, str):
+            out.update(_IDENTIFIER.findall(value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                collect(k)
+                collect(v)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            for v in value:
+                collect(v)
+
+    for f in dataclasses.fields(plan):  # type: ignore[arg-type]
+        if f.name != "findings":
+            collect(getattr(plan, f.name))
+    return out
+
+
 class Composite(cst.CSTTransformer):
     """Runs every codemod in one traversal of the original tree."""
 
-    def __init__(self, codemods: Sequence["AccelifyCodemod"], shared: Shared) -> None:
+    def __init__(self, codemods: Sequence["AccelifyCodemod"], shared: Shared, relevant: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.codemods = list(codemods)
         self.shared = shared
+        self._relevant = relevant | TRIGGERS
         self._visitors: dict[type, list[Callable]] = {}
         self._leavers: dict[type, list[tuple["AccelifyCodemod", Callable]]] = {}
         self._editors = [c for c in self.codemods if type(c).edit_body is not _default_edit_body()]
@@ -237,6 +275,28 @@ class Composite(cst.CSTTransformer):
         self.shared.current.append(node)
         for method in self._visit_methods(type(node)):
             method(node)
+        return not (SKIP_INERT and isinstance(node, (cst.FunctionDef, cst.ClassDef)) and self._inert(node))
+
+    def _inert(self, node: cst.CSTNode) -> bool:
+        """A definition no codemod can change or report on: it reads no import, no name of the plan
+        and none of the :data:`TRIGGERS` (a helper of plain Python). Its subtree is not visited."""
+        index = walk.active()
+        start = index.start.get(id(node)) if index is not None else None
+        if index is None or start is None or index.order[start] is not node:
+            return False
+        names = index.by_type.get(cst.Name, [])
+        qualified = self.shared.metadata[QualifiedNameProvider]
+        from bisect import bisect_left
+
+        for i in names[bisect_left(names, start):bisect_left(names, index.end[id(node)])]:
+            name = index.order[i]
+            if name.value in self._relevant:  # type: ignore[attr-defined]
+                return False
+            found = qualified.get(name)
+            if found is not None and not isinstance(found, (set, frozenset)):
+                found = found()  # a LazyValue
+            if found and any(q.source is QualifiedNameSource.IMPORT for q in found):
+                return False
         return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:

@@ -22,7 +22,7 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from accelify.analysis import RawFinding
 from accelify import walk
-from accelify.composite import Composite, Shared, resolve
+from accelify.composite import Composite, Shared, plan_names, resolve
 from accelify.names import read_anywhere, undefined_names
 from accelify.plan import analyze
 from accelify.codemods import gather_codemods
@@ -81,7 +81,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
         shared.codemods[codemod_class.CODE] = codemod
         codemods.append(codemod)
 
-    module = module.visit(Composite(codemods, shared))  # every codemod, one traversal
+    module = module.visit(Composite(codemods, shared, frozenset(plan_names(plan))))  # every codemod, one traversal
     for codemod in codemods:
         codemod.finished()
     refusing = next((i for i, c in enumerate(codemods) if c.refused), None)

@@ -165,3 +165,42 @@ def test_replace_in_rebuilds_the_path_only() -> None:
     new = composite.replace_in(module, block, block.with_changes(body=[cst.parse_statement("a = 9\n")]))
     assert new.code == "def f():\n    if x:\n        a = 9\n    b = 2\n\nc = 3\n"
     assert new.body[1] is module.body[1]  # untouched statements are the same objects
+
+
+def test_definitions_nothing_can_change_are_skipped_and_the_result_is_the_same(monkeypatch) -> None:
+    """Helpers of plain Python are not walked; the conversion is exactly the one with every node walked."""
+    base = (ROOT / "fixtures" / "mnist_functions" / "before.py").read_text()
+    plain = "".join(f"\n\ndef helper_{i}(x, y):\n    z = x + y * {i}\n    return [k for k in range(z)]\n" for i in range(30))
+    touched = (
+        "\n\ndef log_to(path, text):\n    with open(path, \"w\") as f:\n        f.write(text)\n"  # ACC127 finding
+        "\n\ndef show(x):\n    print(x)\n"
+        "\n\nclass Meter:\n    def add(self, model):\n        return model.fc.weight.sum()\n"  # `model`: a name of the plan
+    )
+    source = base + plain + touched
+    visited: list[str] = []
+    real = composite.Composite.on_leave
+
+    def on_leave(self, original, updated):
+        if isinstance(original, cst.Name):
+            visited.append(original.value)
+        return real(self, original, updated)
+
+    monkeypatch.setattr(composite.Composite, "on_leave", on_leave)
+    skipped = pipeline.convert_source(source, "train.py")
+    assert "helper_3" not in visited and "log_to" in visited and "Meter" in visited and "show" in visited
+    monkeypatch.setattr(composite, "SKIP_INERT", False)
+    visited.clear()
+    walked = pipeline.convert_source(source, "train.py")
+    assert "helper_3" in visited
+    assert skipped.changed and skipped.error is None
+    assert (skipped.output, skipped.findings, skipped.changes) == (walked.output, walked.findings, walked.changes)
+    assert "ACC127" in {f.code for f in skipped.findings}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "fixtures" / "noop").glob("*.py")), ids=lambda p: p.stem)
+def test_skipping_changes_no_refusal(path: Path, monkeypatch) -> None:
+    source = path.read_text()
+    first = pipeline.convert_source(source, path.name)
+    monkeypatch.setattr(composite, "SKIP_INERT", False)
+    second = pipeline.convert_source(source, path.name)
+    assert (first.output, first.findings, first.error) == (second.output, second.findings, second.error)
