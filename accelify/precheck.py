@@ -1,4 +1,4 @@
-"""What can be decided about a file from its text alone, before LibCST is even imported.
+"""What can be decided about a file before LibCST is even imported.
 
 The command line asks these first: a file that cannot train (most files of a
 repository) costs reading it, at most a parse by CPython's own parser, and
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import re
+import unicodedata
 import warnings
+from typing import Optional
 
 _SKIP = re.compile(r"#\s*accelify:\s*skip\b")
 
@@ -19,36 +21,45 @@ _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|
 #: Under ``torch.optim`` but no optimizer: the analysis never takes these for one.
 _NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
 _PARAMETERS = frozenset({"parameters", "named_parameters"})
+#: ``model.parameters(``, also spelled ``model.parameters (`` or split over lines inside brackets.
+_PARAMETERS_CALL = re.compile(r"parameters(?:[\s\\]|#[^\r\n]*)*\(")
+
+#: The last source :func:`may_train` parsed without error: :func:`syntax_error` need not parse it again.
+_parsed: Optional[str] = None
 
 
 def may_train(source: str) -> bool:
-    """Necessary condition for the analysis to do anything: True unless ``source`` surely comes
-    out unchanged, with no finding, from :func:`accelify.pipeline.convert_source`.
+    """Necessary condition for the analysis to do anything: False only when
+    :func:`accelify.pipeline.convert_source` would surely leave ``source`` unchanged, with no
+    finding and no error (a false "no" would silently skip a training script).
 
-    The analysis (``accelify.plan``) acts only on a file that builds an optimizer, assigned
-    (``optimizer = <call>``, or ``<call> if flag else <call>``) from a callee that is
-    ``torch.optim.*`` (schedulers aside) or is named like an optimizer (``_OPTIMIZER_NAME``)
-    and trains some ``.parameters()``/``.named_parameters()``; without one, only a
-    ``.backward()`` call makes it speak (ACC125).  The test below over-approximates that on
-    CPython's syntax tree: every name and attribute chain of the callee, as written and with
-    its imports resolved, in any scope.  A file CPython cannot parse goes to the pipeline,
-    which reports the error or parses newer syntax with LibCST.  The text filter first:
-    every such file names ``optim``, ``parameters(`` or ``backward``.
+    The analysis (``accelify.plan``) acts only on a file that assigns an optimizer
+    (``optimizer = <call>``, or ``<call> if flag else <call>``): a call whose callee is
+    ``torch.optim.*`` (schedulers aside), or is named like one (``_OPTIMIZER_NAME``) and
+    trains some ``.parameters()``/``.named_parameters()``.  Without one it only reports a
+    ``.backward()`` call (ACC125).  Both are looked for on CPython's syntax tree (so not in
+    strings and comments), generously: every name and attribute chain inside the callee, as
+    written and through the file's imports in any scope; a ``.parameters()`` call anywhere in
+    the file.  A file CPython cannot parse goes to the pipeline, which reports the error (or
+    knows the newer syntax).  First the text alone: such a file spells ``optim``,
+    ``parameters(`` or ``backward``.
     """
-    if "optim" not in source and "parameters(" not in source and "backward" not in source:
+    global _parsed
+    if "optim" not in source and "backward" not in source and not _PARAMETERS_CALL.search(source):
         return False
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # invalid escape sequences and the like: not ours to report
-            tree = ast.parse(source)
-    except Exception:  # SyntaxError, null bytes (ValueError), nesting too deep: let the pipeline say
+            tree = compile(source, "<precheck>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except Exception:  # SyntaxError, null bytes (ValueError), nesting too deep: the pipeline says
         return True
+    _parsed = source
     return _may_train(tree)
 
 
 def _may_train(tree: ast.AST) -> bool:
-    imports: dict[str, list[str]] = {}  # local name -> dotted names it is imported as, in any scope
-    values: list[ast.expr] = []  # assigned values
+    imports: dict[str, list[str]] = {}  # local name -> the dotted names it is imported as
+    values: list[ast.expr] = []  # every assigned value
     has_parameters = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -81,29 +92,38 @@ def _may_train(tree: ast.AST) -> bool:
 
 
 def _builds_optimizer(call: ast.Call, imports: dict[str, list[str]], has_parameters: bool) -> bool:
-    """Can the analysis take ``call`` for an optimizer? Every chain in the callee counts
+    """Can the analysis take ``call`` for an optimizer?  Any chain in the callee counts
     (``torch.optim.__dict__[name](...)``, ``partial(Adam, lr=lr)(...)``)."""
     for node in ast.walk(call.func):
         if not isinstance(node, (ast.Name, ast.Attribute)):
             continue
         chain = _chain(node)
+        if not chain:
+            continue
         names = [".".join(chain)]
         names += [".".join([target, *chain[1:]]) for target in imports.get(chain[0], ())]
         for name in names:
-            if has_parameters and _OPTIMIZER_NAME.search(name.rsplit(".", 1)[-1]):
+            if has_parameters and _optimizer_named(name.rsplit(".", 1)[-1]):
                 return True
-            if name.startswith("torch.optim.") and not name.startswith(_NOT_OPTIMIZERS):
+            if name.startswith("torch.optim.") and not (name + ".").startswith(_NOT_OPTIMIZERS):
                 return True
             parts = name.split(".")
-            # an `optim` module however it is reached (`fw.optim.Adam` for a `fw` LibCST may resolve)
+            # an `optim` module however reached (`from . import optim`, a framework's `fw.optim`)
             if "optim" in parts[:-1] and "lr_scheduler" not in parts and "swa_utils" not in parts:
                 return True
     return False
 
 
+def _optimizer_named(name: str) -> bool:
+    """``_OPTIMIZER_NAME`` on a name as LibCST sees it: CPython's tree holds identifiers NFKC-normalised,
+    which composes a letter with a combining mark after it (``adam\\u0301`` -> ``ada\\u1e3f``)."""
+    return bool(_OPTIMIZER_NAME.search(name)) or (
+        not name.isascii() and bool(_OPTIMIZER_NAME.search(unicodedata.normalize("NFD", name))))
+
+
 def _chain(node: ast.expr) -> list[str]:
     """``torch.optim.SGD`` -> ["torch", "optim", "SGD"]; through calls and subscripts as LibCST
-    names them (``make().Adam`` -> ["make", "Adam"]); an unnamed start is dropped."""
+    names them (``make().Adam`` -> ["make", "Adam"], ``table["adam"]`` -> ["table"])."""
     parts: list[str] = []
     while True:
         if isinstance(node, ast.Attribute):
@@ -144,6 +164,8 @@ def syntax_error(source: str, path: str) -> "str | None":
     users know); what it rejects is confirmed with LibCST, which also knows
     syntax newer than this interpreter.
     """
+    if source is _parsed:
+        return None
     try:
         compile(source, path, "exec", 0x400, dont_inherit=True)  # ast.PyCF_ONLY_AST
         return None

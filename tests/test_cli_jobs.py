@@ -196,7 +196,7 @@ def test_output_in_file_order_when_workers_finish_in_reverse(tmp_path: Path, mon
 
     monkeypatch.setattr(runner, "convert_text", convert_text)  # (forked workers run this too)
     for i in range(4):
-        (tmp_path / f"f{i}.py").write_text("optimizer = None\n")
+        (tmp_path / f"f{i}.py").write_text("import torch\noptimizer = torch.optim.SGD(model.parameters())\n")
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["convert", "-j", "2", "."])
     assert result.exit_code == 0, result.output
