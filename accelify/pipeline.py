@@ -124,8 +124,14 @@ def _imports(module: cst.Module, context: CodemodContext) -> cst.Module:
         # LibCST's visitor reads and writes the leading import block and the statement after it
         # only: give it that head of the module, not the whole tree to copy and walk.
         cut = _head_length(module)
-        head = AddImportsVisitor(bare).transform_module(module.with_changes(body=module.body[:cut]))
-        module = module.with_changes(body=[*head.body, *module.body[cut:]])
+        body = list(module.body[:cut])
+        after = body[-1] if cut > _import_block(module)[1] else None
+        if after is not None:  # the statement after the imports matters by its blank lines only
+            body[-1] = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=after.leading_lines)
+        head = list(AddImportsVisitor(bare).transform_module(module.with_changes(body=body)).body)
+        if after is not None:
+            head[-1] = after.with_changes(leading_lines=head[-1].leading_lines)
+        module = module.with_changes(body=[*head, *module.body[cut:]])
         module = _place_added_imports(before_imports, module)
     requests = bare.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, [])
     if requests:

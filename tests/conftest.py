@@ -26,3 +26,19 @@ def assert_stable(output: str) -> None:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def drain(leader: int) -> bytes:
+    """Everything written to a pseudo-terminal whose other end is closed."""
+    import os
+
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal is closed and drained
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, drain
 
 TRAIN = (FIXTURES / "docs" / "before.py").read_text()
 CONVERTED = (FIXTURES / "docs" / "after.py").read_text()
@@ -325,21 +325,13 @@ def _on_a_terminal(*args: str, cwd: Path) -> bytes:
                               stderr=subprocess.PIPE, timeout=120)
         os.close(follower)
         follower = -1
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal is closed and drained
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
+        shown = drain(leader)
     finally:
         if follower != -1:
             os.close(follower)
         os.close(leader)
     assert proc.returncode == 0, proc.stderr
-    return b"".join(chunks)
+    return shown
 
 
 def test_color_on_a_terminal_unless_no_color(project: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, drain
 
 TRAIN = (FIXTURES / "in_function" / "before.py").read_text()  # small: LibCST's time is the tests' time
 CONVERTED = (FIXTURES / "in_function" / "after.py").read_text()
@@ -258,20 +258,11 @@ def test_progress_bar_on_a_terminal(twelve: Path) -> None:
                               env={**os.environ, "TERM": "xterm", "COLUMNS": "100"})
         os.close(follower)
         follower = -1
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
+        shown = drain(leader)
     finally:
         if follower != -1:
             os.close(follower)
         os.close(leader)
-    shown = b"".join(chunks)
     assert proc.returncode == 0
     assert re.search(rb"accelify .*\d+/12", shown), shown
     assert shown.rstrip().endswith(b"0 files would be converted, 12 unchanged.")

@@ -204,3 +204,28 @@ def test_skipping_changes_no_refusal(path: Path, monkeypatch) -> None:
     monkeypatch.setattr(composite, "SKIP_INERT", False)
     second = pipeline.convert_source(source, path.name)
     assert (first.output, first.findings, first.error) == (second.output, second.findings, second.error)
+
+
+def test_no_change_is_reported_for_code_another_codemod_removes() -> None:
+    """`.to(self.device)` on batches goes as a whole (ACC003): ACC002 must not also report turning its
+    `self.device` into `self.accelerator.device` (both run in one pass over the same nodes)."""
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n\n"
+        "class Trainer:\n"
+        "    def __init__(self, model, data):\n"
+        "        self.device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")\n"
+        "        self.model = model.to(self.device)\n"
+        "        self.loader = DataLoader(data, batch_size=4)\n"
+        "        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n"
+        "    def train(self):\n"
+        "        for batch in self.loader:\n"
+        "            batch = tuple(t.to(self.device) for t in batch)\n"
+        "            loss = self.model(*batch).sum()\n"
+        "            loss.backward()\n"
+        "            self.optimizer.step()\n"
+    )
+    result = pipeline.convert_source(source, "trainer.py")
+    assert result.changed and result.error is None, result.findings
+    line = source.splitlines().index("            batch = tuple(t.to(self.device) for t in batch)") + 1
+    assert [c.code for c in result.changes if c.line == line] == ["ACC003"]
+    assert "self.device" not in result.output
