@@ -135,10 +135,47 @@ MUTANTS = [
         "            pass\n",
         tests=tuple(E2E) + ("-k", "vae_sampling"),
     ),
+    # --- issue 9: one analysis, one edit pass
+    Mutant(
+        "inert-helper-too-eager", "a helper that reads a name of the plan is not walked: its changes are lost",
+        "accelify/composite.py",
+        "            if name.value in self._relevant:  # type: ignore[attr-defined]\n                return False\n",
+        "            if False:\n                return False\n",
+        tests=("tests/test_composite.py",),
+    ),
+    Mutant(
+        "replaced-statement-rewritten-again", "a statement a codemod replaced is rewritten again as the one it was",
+        "accelify/composite.py",
+        "            if type(result) is not kind or (statement and id(original_node) in shared.replaced):\n",
+        "            if type(result) is not kind:\n",
+        tests=("tests/test_fixtures.py",),
+    ),
+    Mutant(
+        "stripped-device-reported", "a `.to(self.device)` that goes is also reported as turned into accelerator.device",
+        "codemods/device.py",
+        "        if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]\n"
+        "            return updated_node  # `.to(self.device)` goes as a whole (ACC003)\n",
+        "",
+        tests=("tests/test_composite.py",),
+    ),
+    Mutant(
+        "precheck-misses-backward", "a script that updates weights by hand is skipped without its ACC125",
+        "accelify/precheck.py",
+        "                if func.attr == \"backward\":\n                    return True\n",
+        "                if func.attr == \"backward\":\n                    pass\n",
+        tests=("tests/test_precheck.py",),
+    ),
+    Mutant(
+        "import-removal-dropped", "imports the rewrite made unused are left behind",
+        "accelify/pipeline.py",
+        "        requests = [r for r in requests if read is None or _bound_name(r) not in read]\n",
+        "        requests = []\n",
+        tests=("tests/test_fixtures.py",),
+    ),
     # --- README claims about the CLI
     Mutant(
         "cli-quiet-ignored", "-q still prints the summary",
-        "accelify/cli.py", "    if not quiet:\n        err.print(summary", "    if True:\n        err.print(summary",
+        "accelify/cli.py", "    if not quiet:\n        run.say(summary", "    if True:\n        run.say(summary",
         tests=("tests/test_cli.py",),
     ),
     Mutant(
