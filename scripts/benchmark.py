@@ -467,7 +467,11 @@ def main() -> None:
         plain.parent.mkdir()
         plain.write_text(PLAIN_MODULE)
         progress("warm-up")
+        # An installed package has its bytecode (pip compiles it); a shell with
+        # PYTHONDONTWRITEBYTECODE=1 would make every accelify run compile its modules again.
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
         run_child([*accelify, "convert", "--check", str(plain)])
+        run_child([*accelify, "convert", "--check", str(pick_training_script())])  # the pipeline's modules too
         run_child([PYTHON, str(work / "ref_metadata.py"), str(plain)])
 
         # 1. a file that trains nothing
