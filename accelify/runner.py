@@ -22,7 +22,7 @@ from accelify.io import SourceError, decode, read_source
 from accelify.result import Options, Result
 
 #: Files submitted to the pool ahead of the one being printed, per worker.
-LOOK_AHEAD = 4
+LOOK_AHEAD = 16
 
 
 @dataclass
@@ -80,6 +80,10 @@ def convert_all(paths: Sequence[str], options: Options, jobs: int) -> Iterator[O
 
 def _make_pool(jobs: int):
     from concurrent.futures import ProcessPoolExecutor
+
+    # Files needing the analysis are coming: import it once here, so that forked workers start
+    # with it (each would otherwise spend most of a second importing LibCST on its own).
+    import accelify.pipeline  # noqa: F401
 
     return ProcessPoolExecutor(max_workers=jobs, initializer=_worker_start)
 
