@@ -7,7 +7,7 @@ what ``accelify rules`` and the README list, and what ``--select``/``--ignore`` 
 from __future__ import annotations
 
 FINDINGS: dict[str, str] = {
-    "ACC100": "The name `accelerator` (or `self.accelerator`) is already bound to something else: file left unchanged.",
+    "ACC100": "The name `accelerator` (or `self.accelerator`) is already bound to something else (a variable, a definition, an import), or `Accelerator` is another package's: file left unchanged.",
     "ACC102": "The device is forced to the CPU, or chosen per rank or index: file left unchanged.",
     "ACC103": "The device variable is assigned more than once: file left unchanged.",
     "ACC104": "The training objects are not built in one block, one of them is bound only under a condition (or can "

@@ -20,6 +20,7 @@ import libcst.matchers as m
 
 from accelify import walk
 from accelify.walk import findall
+from libcst.helpers import get_full_name_for_node
 from libcst.metadata import (
     Assignment,
     GlobalScope,
@@ -666,6 +667,42 @@ class _Analyzer(cst.CSTVisitor):
                     taken[0], "ACC100", f"the name `{wanted}` is already bound to something else; file not converted.",
                     "rename that variable, then run accelify again.",
                 )
+            elif not plan.class_mode:
+                other = self._bound_otherwise(wanted, setup)
+                if other is not None:  # `def accelerator()`, `from settings import accelerator`
+                    self.finding(
+                        other, "ACC100", f"the name `{wanted}` is already bound to something else (a definition or an "
+                        "import); the new `accelerator = Accelerator()` would take its place. File not converted.",
+                        "rename it, then run accelify again.",
+                    )
+        if not plan.has_accelerator:
+            other = self._bound_otherwise("Accelerator", None, allowed="accelerate")
+            if other is not None:  # `from mylib import Accelerator`: it would win over (or lose to) accelerate's
+                self.finding(
+                    other, "ACC100", "the name `Accelerator` is already bound to something other than accelerate's "
+                    "class; the added `from accelerate import Accelerator` would clash with it. File not converted.",
+                    "import it under another name (`from mylib import Accelerator as MyAccelerator`), then run "
+                    "accelify again.",
+                )
+
+    def _bound_otherwise(self, name: str, setup: Optional[cst.FunctionDef], allowed: str = "") -> Optional[cst.CSTNode]:
+        """A definition or import binding ``name`` where the setup scope sees it (that scope or the module),
+        other than an import from the module ``allowed``."""
+        scopes = [self.get_metadata(ScopeProvider, self._module, None)]
+        if setup is not None and isinstance(setup.body, cst.IndentedBlock) and setup.body.body:
+            scopes.append(self.get_metadata(ScopeProvider, setup.body.body[0], None))
+        for scope in scopes:
+            if scope is None:
+                continue
+            for assignment in scope.assignments[name]:
+                node = getattr(assignment, "node", None)
+                if isinstance(node, cst.ImportFrom) and allowed and node.module is not None and (
+                    get_full_name_for_node(node.module) or ""
+                ).split(".")[0] == allowed:
+                    continue
+                if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Import, cst.ImportFrom)):
+                    return node
+        return None
 
     def _devices(self, in_owner: dict[Ref, list[cst.Assign]]) -> bool:
         """Classify the device variables of the setup scope; False when the file must stay as it is."""
