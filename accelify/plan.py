@@ -859,6 +859,8 @@ class _Analyzer(cst.CSTVisitor):
                 value = assign.value
                 if ref in optimizers or not isinstance(value, cst.Call) or self._single_target(assign) != ref:
                     continue
+                if isinstance(value.func, cst.Name) and value.func.value in self._trainers:
+                    continue  # `loss = train(optimizer, model, loader)`: a function that trains wraps nothing
                 if self._takes_optimizer(value, set(optimizers)) and not self._is_scheduler(value, set(optimizers)):
                     if not m.matches(value.func, m.Attribute(attr=m.Name("prepare"))):
                         wrappers.append(assign)
