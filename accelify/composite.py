@@ -44,12 +44,17 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def iter_children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """The direct children of ``node``, from its fields (no visitor, no copies)."""
+def _fields(node: cst.CSTNode) -> tuple[str, ...]:
+    """The field names of ``node``'s type (cached: ``dataclasses.fields`` is slow)."""
     names = _FIELDS.get(type(node))
     if names is None:
         names = _FIELDS[type(node)] = tuple(f.name for f in dataclasses.fields(node))
-    for name in names:
+    return names
+
+
+def iter_children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The direct children of ``node``, from its fields (no visitor, no copies)."""
+    for name in _fields(node):
         value = getattr(node, name)
         if isinstance(value, cst.CSTNode):
             yield value
@@ -179,7 +184,6 @@ class Shared:
     """What the codemods of one run share: the edits recorded against original statements."""
 
     def __init__(self, wrapper: MetadataWrapper) -> None:
-        self.wrapper = wrapper
         self.module = wrapper.module
         self.metadata = wrapper._metadata
         self.removed: set[int] = set()  # original statements that go
@@ -193,6 +197,9 @@ class Shared:
         self.codemods: dict[str, "AccelifyCodemod"] = {}
         #: ids of `accelerator` names written where they do not decide where the Accelerator goes
         self.quiet_uses: set[int] = set()
+        #: decisions codemods ask of one another, computed once on first request
+        self.vanishing: Optional[frozenset[int]] = None  # see AccelifyCodemod.vanishing
+        self.device_creation: Optional[tuple[Optional[cst.BaseStatement]]] = None  # see RemoveDevice.creation_site
 
     def codemod(self, code: str) -> Optional["AccelifyCodemod"]:
         """The codemod with ``code`` in this run, if it runs."""
@@ -281,15 +288,11 @@ class Composite(cst.CSTTransformer):
         """A definition no codemod can change or report on: it reads no import, no name of the plan
         and none of the :data:`TRIGGERS` (a helper of plain Python). Its subtree is not visited."""
         index = walk.active()
-        start = index.start.get(id(node)) if index is not None else None
-        if index is None or start is None or index.order[start] is not node:
+        names = index.of_type(node, cst.Name) if index is not None else None
+        if names is None:
             return False
-        names = index.by_type.get(cst.Name, [])
         qualified = self.shared.metadata[QualifiedNameProvider]
-        from bisect import bisect_left
-
-        for i in names[bisect_left(names, start):bisect_left(names, index.end[id(node)])]:
-            name = index.order[i]
+        for name in names:
             if name.value in self._relevant:  # type: ignore[attr-defined]
                 return False
             found = qualified.get(name)
@@ -376,6 +379,16 @@ def _default_edit_body() -> Callable:
     return AccelifyCodemod.edit_body
 
 
+def descendants(node: cst.CSTNode, skip: tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
+    """``node`` and every node under it (not entering nodes of a type in ``skip``), in no set order."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if not isinstance(current, skip):
+            stack.extend(iter_children(current))
+
+
 def find_path(root: cst.CSTNode, target: cst.CSTNode) -> Optional[list[cst.CSTNode]]:
     """The nodes from ``root`` down to ``target`` (both included), if ``target`` is in ``root``."""
     stack: list[tuple[cst.CSTNode, int]] = [(root, 0)]
@@ -395,7 +408,7 @@ def find_path(root: cst.CSTNode, target: cst.CSTNode) -> Optional[list[cst.CSTNo
 
 def replace_child(parent: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
     """``parent`` with its direct child ``old`` replaced by ``new``."""
-    for name in _FIELDS.get(type(parent)) or tuple(f.name for f in dataclasses.fields(parent)):
+    for name in _fields(parent):
         value = getattr(parent, name)
         if value is old:
             return parent.with_changes(**{name: new})
@@ -425,11 +438,8 @@ def rebuild_with(root: cst.CSTNode, mapping: dict[int, cst.CSTNode], skip: tuple
             return mapping[id(node)]
         if isinstance(node, skip):
             return node
-        names = _FIELDS.get(type(node))
-        if names is None:
-            names = _FIELDS[type(node)] = tuple(f.name for f in dataclasses.fields(node))
         updates: dict[str, Any] = {}
-        for name in names:
+        for name in _fields(node):
             value = getattr(node, name)
             if isinstance(value, cst.CSTNode):
                 new = walk(value)
@@ -477,10 +487,7 @@ def remove_imports_of(context: "CodemodContext", node: cst.CSTNode) -> None:
                     RemoveImportsVisitor.remove_unused_import(
                         context, module, obj=alias.evaluated_name, asname=alias.evaluated_alias)
 
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        stack.extend(iter_children(current))
+    for current in descendants(node):
         if not isinstance(current, (cst.Name, cst.Attribute)):
             continue
         local = get_full_name_for_node(current)

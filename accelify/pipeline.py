@@ -8,7 +8,6 @@ nothing raises on user input: a file that cannot be parsed comes back with
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from dataclasses import replace
@@ -26,7 +25,7 @@ from accelify.composite import Composite, Shared, plan_names, resolve
 from accelify.names import read_anywhere, undefined_names
 from accelify.plan import analyze
 from accelify.codemods import gather_codemods
-from accelify.precheck import may_train, skipped, syntax_error
+from accelify.precheck import cpython_error, may_train, skipped, syntax_error
 from accelify.report import Change, Finding
 from accelify.result import Options, Result
 
@@ -182,14 +181,7 @@ def _suppress(findings: list[Finding], source: str, selected: Optional[frozenset
 
 def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:
     """Prefer CPython's own message and position: it is the one users know."""
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError) as syntax:
-        if not isinstance(syntax, SyntaxError):
-            return f"{path}: cannot parse: {syntax}"
-
-        return f"{path}:{syntax.lineno}:{syntax.offset}: cannot parse: {syntax.msg}"
-    return f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}"
+    return cpython_error(source, path) or f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}"
 
 
 def _still_parses(source: str, output: str) -> bool:

@@ -24,8 +24,10 @@ _PARAMETERS = frozenset({"parameters", "named_parameters"})
 #: ``model.parameters(``, also spelled ``model.parameters (`` or split over lines inside brackets.
 _PARAMETERS_CALL = re.compile(r"parameters(?:[\s\\]|#[^\r\n]*)*\(")
 
-#: The last source :func:`may_train` parsed without error: :func:`syntax_error` need not parse it again.
+#: The last source :func:`may_train` parsed without error, and its answer: asked again of the same
+#: text (the runner asks, then the pipeline), it is not parsed again; nor by :func:`syntax_error`.
 _parsed: Optional[str] = None
+_answer = False
 
 
 def may_train(source: str) -> bool:
@@ -44,7 +46,9 @@ def may_train(source: str) -> bool:
     knows the newer syntax).  First the text alone: such a file spells ``optim``,
     ``parameters(`` or ``backward``.
     """
-    global _parsed
+    global _parsed, _answer
+    if source is _parsed:
+        return _answer
     if "optim" not in source and "backward" not in source and not _PARAMETERS_CALL.search(source):
         return False
     try:
@@ -53,8 +57,8 @@ def may_train(source: str) -> bool:
             tree = compile(source, "<precheck>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     except Exception:  # SyntaxError, null bytes (ValueError), nesting too deep: the pipeline says
         return True
-    _parsed = source
-    return _may_train(tree)
+    _parsed, _answer = source, _may_train(tree)
+    return _answer
 
 
 def _may_train(tree: ast.AST) -> bool:
@@ -166,17 +170,24 @@ def syntax_error(source: str, path: str) -> "str | None":
     """
     if source is _parsed:
         return None
-    try:
-        compile(source, path, "exec", 0x400, dont_inherit=True)  # ast.PyCF_ONLY_AST
+    message = cpython_error(source, path)
+    if message is None:
         return None
-    except SyntaxError as exc:
-        message = f"{path}:{exc.lineno}:{exc.offset}: cannot parse: {exc.msg}"
-    except ValueError as exc:  # null bytes
-        message = f"{path}: cannot parse: {exc}"
     import libcst
 
     try:
         libcst.parse_module(source)
     except libcst.ParserSyntaxError:
         return message
+    return None
+
+
+def cpython_error(source: str, path: str) -> Optional[str]:
+    """CPython's own message and position for a source it cannot parse (the ones users know)."""
+    try:
+        compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{path}:{exc.lineno}:{exc.offset}: cannot parse: {exc.msg}"
+    except ValueError as exc:  # null bytes
+        return f"{path}: cannot parse: {exc}"
     return None

@@ -43,6 +43,19 @@ class Index(cst.CSTVisitor):
         self._stack.pop()
         self.end[id(original_node)] = len(self.order)
 
+    def positions(self, tree: cst.CSTNode, cls: type) -> Optional[list[int]]:
+        """Pre-order positions of the ``cls`` nodes in ``tree`` (None: ``tree`` is not indexed)."""
+        start = self.start.get(id(tree))
+        if start is None or self.order[start] is not tree:
+            return None
+        found = self.by_type.get(cls, [])
+        return found[bisect.bisect_left(found, start):bisect.bisect_left(found, self.end[id(tree)])]
+
+    def of_type(self, tree: cst.CSTNode, cls: type) -> Optional[list[cst.CSTNode]]:
+        """The ``cls`` nodes in ``tree``, in pre-order (None: ``tree`` is not indexed)."""
+        found = self.positions(tree, cls)
+        return None if found is None else [self.order[i] for i in found]
+
     # no `visit_<Node>_<attribute>` hooks: skip LibCST's per-field lookups
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         return None
@@ -93,15 +106,11 @@ def findall(tree: cst.CSTNode, matcher: object) -> Sequence[cst.CSTNode]:
     start = index.start.get(id(tree)) if index is not None else None
     if index is None or start is None or index.order[start] is not tree:
         return m.findall(tree, matcher)  # type: ignore[arg-type]
-    end = index.end[id(tree)]
     types = _types(matcher)
     if types is None:
-        candidates = range(start, end)
+        candidates: Sequence[int] = range(start, index.end[id(tree)])
     else:
-        picked: list[int] = []
-        for cls in types:
-            positions = index.by_type.get(cls, [])
-            picked.extend(positions[bisect.bisect_left(positions, start):bisect.bisect_left(positions, end)])
+        picked = [i for cls in types for i in index.positions(tree, cls) or ()]
         candidates = sorted(picked) if len(types) > 1 else picked
     order = index.order
     return [order[i] for i in candidates if m.matches(order[i], matcher)]  # type: ignore[arg-type]

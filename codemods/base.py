@@ -166,12 +166,11 @@ class AccelifyCodemod(cst.CSTTransformer):
     def vanishing(self) -> frozenset[int]:
         """Original statements the conversion turns into nothing (``model = model.to(device)``,
         ``model = nn.DataParallel(model)``): they no longer bind what they assign."""
-        found = self.shared.__dict__.get("vanishing")
-        if found is None:
+        if self.shared.vanishing is None:
             from .placement import vanishing_statements
 
-            found = self.shared.__dict__["vanishing"] = vanishing_statements(self.shared)
-        return found
+            self.shared.vanishing = vanishing_statements(self.shared)
+        return self.shared.vanishing
 
     def statements_around(self, node: Optional[cst.CSTNode]) -> frozenset[int]:
         """Ids of ``node`` and of the statements that contain it."""

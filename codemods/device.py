@@ -99,8 +99,7 @@ class RemoveDevice(AccelifyCodemod):
         (the first device statement it rewrites), or None when the Accelerator goes elsewhere."""
         if self.plan.has_accelerator or (self.plan.setup == MODULE and self.plan.cpu_flag is None):
             return None
-        found = self.shared.__dict__.get("device_creation", False)
-        if found is False:
+        if self.shared.device_creation is None:
             found = None
             for stmt in _walk_statements(self.shared.module):
                 if isinstance(stmt, cst.If) and self._is_device_if(stmt) and self._top_of_chain(stmt) is stmt:
@@ -109,8 +108,8 @@ class RemoveDevice(AccelifyCodemod):
                     found = stmt
                 if found is not None:
                     break
-            self.shared.__dict__["device_creation"] = found
-        return found
+            self.shared.device_creation = (found,)
+        return self.shared.device_creation[0]
 
     # ------------------------------------------------------------------ uses
     def _replacement(self, node: cst.CSTNode) -> Optional[str]:

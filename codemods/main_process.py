@@ -11,7 +11,7 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analysis import MODULE, key_at, qualified_names, scope_root, setup_blocks
 from accelify.plan import Plan
 
-from accelify.composite import iter_children, rebuild_with, replace_in
+from accelify.composite import descendants, rebuild_with, replace_in
 
 from .base import AccelifyCodemod, accelerator_attr
 
@@ -150,16 +150,8 @@ class MainProcessOutput(AccelifyCodemod):
 def _names_in(made: cst.CSTNode, before: cst.CSTNode) -> list[cst.Name]:
     """The ``Name`` nodes of ``made`` that ``before`` did not have (the ``accelerator`` written)."""
     old = _ids_in([before])
-    return [n for n in _walk(made) if isinstance(n, cst.Name) and id(n) not in old]
+    return [n for n in descendants(made) if isinstance(n, cst.Name) and id(n) not in old]
 
 
 def _ids_in(nodes) -> set[int]:
-    return {id(n) for node in nodes for n in _walk(node)}
-
-
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(iter_children(current))
+    return {id(n) for node in nodes for n in descendants(node)}

@@ -265,3 +265,17 @@ def test_no_libcst_import() -> None:
         "assert 'libcst' not in sys.modules, 'libcst imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_text_asked_twice_is_parsed_once(monkeypatch) -> None:
+    """The runner asks, then the pipeline asks of the same text: one parse."""
+    import accelify.precheck as precheck
+
+    parses = []
+    real = precheck._may_train
+    monkeypatch.setattr(precheck, "_may_train", lambda tree: parses.append(tree) or real(tree))
+    text = "import torch\nopt = torch.optim.SGD(model.parameters())\n"
+    assert precheck.may_train(text) and precheck.may_train(text)
+    assert len(parses) == 1
+    other = "import torch\nx = 1  # optim\n"
+    assert not precheck.may_train(other) and len(parses) == 2
