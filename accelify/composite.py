@@ -163,11 +163,61 @@ class LazyExpressionContext:
         return found
 
 
+class LazyQualifiedNames:
+    """``QualifiedNameProvider`` without its traversal of the whole tree: the names of a node
+    are asked of its scope when first wanted, as that provider's own lazy values do; a node of
+    the tree with no scope has none, and a node not of the tree is not a key."""
+
+    def __init__(self, scopes: dict[cst.CSTNode, Any], index: walk.Index) -> None:
+        self._scopes = scopes
+        self._index = index
+        self._known: dict[cst.CSTNode, Any] = {}
+
+    def get(self, node: cst.CSTNode, default: Any = None) -> Any:
+        found = self._known.get(node)
+        if found is not None:
+            return found
+        scope = self._scopes.get(node)
+        if scope:
+            found = scope.get_qualified_names_for(node)
+        elif self._index.holds(node):
+            found = set()
+        else:
+            return default
+        self._known[node] = found
+        return found
+
+    def __getitem__(self, node: cst.CSTNode) -> Any:
+        found = self.get(node, _MISSING)
+        if found is _MISSING:
+            raise KeyError(node)
+        return found
+
+
+_MISSING = object()
+
+
+def _scopes(module: cst.Module, wrapper: MetadataWrapper) -> Any:
+    """``ScopeProvider``'s metadata: its own traversal and that of the expression contexts it
+    reads, run directly. Through the wrapper each would be wrapped in one more (batched) walk
+    of the whole tree that does nothing else; a LibCST that works otherwise gets the wrapper."""
+    contexts, scopes = ExpressionContextProvider(), ScopeProvider()
+    if not all(hasattr(p, "_computed") and hasattr(p, "visit_Module") for p in (contexts, scopes)):
+        return wrapper.resolve(ScopeProvider)
+    contexts.visit_Module(module)
+    scopes.metadata = {ExpressionContextProvider: contexts._computed}
+    scopes.visit_Module(module)
+    scopes.metadata = {}
+    return scopes._computed
+
+
 def resolve(module: cst.Module) -> MetadataWrapper:
     """A wrapper over ``module`` itself (no copy) with every provider accelify reads."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    wrapper.resolve_many([ScopeProvider, QualifiedNameProvider])
+    wrapper._metadata[ScopeProvider] = _scopes(module, wrapper)  # type: ignore[assignment]
     index = walk.build(module)
+    wrapper._metadata[QualifiedNameProvider] = LazyQualifiedNames(  # type: ignore[assignment]
+        wrapper._metadata[ScopeProvider], index)
     walk.activate(index)  # the pipeline deactivates it when the file is done
     parents = index.parents
     accesses: set[int] = set()
@@ -296,8 +346,6 @@ class Composite(cst.CSTTransformer):
             if name.value in self._relevant:  # type: ignore[attr-defined]
                 return False
             found = qualified.get(name)
-            if found is not None and not isinstance(found, (set, frozenset)):
-                found = found()  # a LazyValue
             if found and any(q.source is QualifiedNameSource.IMPORT for q in found):
                 return False
         return True

@@ -27,6 +27,38 @@ from accelify.plan import analyze
 from accelify.codemods import gather_codemods
 from accelify.precheck import cpython_error, may_train, skipped, syntax_error
 from accelify.report import Change, Finding
+
+
+def _gather_once_per_class() -> None:
+    """LibCST's import visitors (AddImportsVisitor, the GatherImportsVisitor it makes, ...) are
+    matcher-decoratable: each new instance looks for decorated methods through ``dir()`` of
+    itself, some 15 ms per visitor, several visitors per converted file, whatever its size.
+    LibCST's own visitor classes never change and have none: looked for once per class, the
+    answer (nothing) is remembered. Other classes are looked at every time, as LibCST does."""
+    import libcst.matchers._visitors as visitors
+
+    def once_per_class(gather):
+        nothing: set[type] = set()
+
+        def gathered(obj):
+            cls = type(obj)
+            if cls in nothing:
+                return {}
+            found = gather(obj)
+            if not found and cls.__module__.startswith("libcst."):
+                nothing.add(cls)
+            return found
+
+        gathered.accelify_once_per_class = True  # type: ignore[attr-defined]
+        return gathered
+
+    for name in ("_gather_matchers", "_gather_constructed_visit_funcs", "_gather_constructed_leave_funcs"):
+        gather = getattr(visitors, name, None)
+        if callable(gather) and not getattr(gather, "accelify_once_per_class", False):
+            setattr(visitors, name, once_per_class(gather))
+
+
+_gather_once_per_class()
 from accelify.result import Options, Result
 
 

@@ -38,18 +38,19 @@ def may_train(source: str) -> bool:
     The analysis (``accelify.plan``) acts only on a file that assigns an optimizer
     (``optimizer = <call>``, or ``<call> if flag else <call>``): a call whose callee is
     ``torch.optim.*`` (schedulers aside), or is named like one (``_OPTIMIZER_NAME``) and
-    trains some ``.parameters()``/``.named_parameters()``.  Without one it only reports a
-    ``.backward()`` call (ACC125).  Both are looked for on CPython's syntax tree (so not in
-    strings and comments), generously: every name and attribute chain inside the callee, as
-    written and through the file's imports in any scope; a ``.parameters()`` call anywhere in
-    the file.  A file CPython cannot parse goes to the pipeline, which reports the error (or
+    trains some ``.parameters()``/``.named_parameters()`` (in an argument, or assigned to a
+    name passed as one).  Without one it only reports a ``.backward()`` call (ACC125), and
+    not in a file that names ``Accelerator``.  All are looked for on CPython's syntax tree (so
+    not in strings and comments), generously: every name and attribute chain inside the
+    callee, as written and through the file's imports in any scope; a name assigned in any
+    scope.  A file CPython cannot parse goes to the pipeline, which reports the error (or
     knows the newer syntax).  First the text alone: such a file spells ``optim``,
     ``parameters(`` or ``backward``.
     """
     global _parsed, _answer
     if source is _parsed:
         return _answer
-    if "optim" not in source and "backward" not in source and not _PARAMETERS_CALL.search(source):
+    if not mentions_training(source):
         return False
     try:
         with warnings.catch_warnings():
@@ -57,25 +58,31 @@ def may_train(source: str) -> bool:
             tree = compile(source, "<precheck>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     except Exception:  # SyntaxError, null bytes (ValueError), nesting too deep: the pipeline says
         return True
-    _parsed, _answer = source, _may_train(tree)
+    _parsed, _answer = source, _may_train(tree, source)
     return _answer
 
 
-def _may_train(tree: ast.AST) -> bool:
+def mentions_training(source: str) -> bool:
+    """The text test alone (no parse): ``optim``, ``backward`` or ``parameters(`` is in ``source``.
+    False implies :func:`may_train` is False."""
+    return "optim" in source or "backward" in source or bool(_PARAMETERS_CALL.search(source))
+
+
+def _may_train(tree: ast.AST, source: str) -> bool:
     imports: dict[str, list[str]] = {}  # local name -> the dotted names it is imported as
     values: list[ast.expr] = []  # every assigned value
-    has_parameters = False
+    trained: set[str] = set()  # names assigned a value with a `.parameters()` call in it
+    backward = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
-            if isinstance(func, ast.Attribute):
-                if func.attr == "backward":
-                    return True
-                if func.attr in _PARAMETERS:
-                    has_parameters = True
+            if isinstance(func, ast.Attribute) and func.attr == "backward":
+                backward = True
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
             if node.value is not None:
                 values.append(node.value)
+                if isinstance(node, ast.Assign) and _has_parameters(node.value):
+                    trained.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -90,12 +97,68 @@ def _may_train(tree: ast.AST) -> bool:
         value = values.pop()
         if isinstance(value, ast.IfExp):
             values += (value.body, value.orelse)
-        elif isinstance(value, ast.Call) and _builds_optimizer(value, imports, has_parameters):
+        elif isinstance(value, ast.Call) and _builds_optimizer(value, imports, _trains(value, trained)):
+            return True
+    # No optimizer: the analysis only reports a backward (ACC125), and not in a file that names
+    # `Accelerator` (it uses Accelerate already, or is Accelerate).
+    return backward and not _names_accelerator(tree, source)
+
+
+def _has_parameters(value: ast.expr) -> bool:
+    """``value`` calls ``.parameters()`` / ``.named_parameters()`` somewhere."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _PARAMETERS
+               for n in ast.walk(value))
+
+
+def _trains(call: ast.Call, trained: set[str]) -> bool:
+    """The analysis's test for an optimizer named like one: an argument calls ``.parameters()``,
+    or is a name assigned such a value (``Lion(params)``)."""
+    for value in (*call.args, *(k.value for k in call.keywords)):
+        if isinstance(value, ast.Starred):
+            value = value.value
+        if _has_parameters(value) or (isinstance(value, ast.Name) and value.id in trained):
             return True
     return False
 
 
-def _builds_optimizer(call: ast.Call, imports: dict[str, list[str]], has_parameters: bool) -> bool:
+_ACCELERATOR = b"Accelerator"
+
+
+def _names_accelerator(tree: ast.AST, source: str) -> bool:
+    """The identifier ``Accelerator`` (a name, an attribute, an import, a class), spelled so in the
+    text: CPython's tree holds identifiers NFKC-normalised, LibCST (which the analysis asks) as
+    written. A spelling this does not place (``class \\`` continued) counts as absent."""
+    lines: Optional[list[bytes]] = None
+    size = len(_ACCELERATOR)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "Accelerator":
+            if node.end_lineno != node.lineno or node.end_col_offset != node.col_offset + size:
+                continue
+            line, start = node.lineno, node.col_offset
+        elif isinstance(node, ast.Attribute) and node.attr == "Accelerator" and node.end_col_offset is not None:
+            line, start = node.end_lineno or node.lineno, node.end_col_offset - size
+        elif isinstance(node, ast.alias) and node.name == "Accelerator":
+            line, start = node.lineno, node.col_offset
+        elif isinstance(node, ast.ClassDef) and node.name == "Accelerator":
+            if lines is None:
+                lines = source.encode("utf-8", "surrogatepass").splitlines()
+            found = _CLASS.match(lines[node.lineno - 1], node.col_offset) if node.lineno <= len(lines) else None
+            if found is None:
+                continue
+            line, start = node.lineno, found.end() - size
+        else:
+            continue
+        if lines is None:
+            lines = source.encode("utf-8", "surrogatepass").splitlines()
+        if 0 < line <= len(lines) and lines[line - 1][start:start + size] == _ACCELERATOR:
+            return True
+    return False
+
+
+_CLASS = re.compile(rb"class[ \t\f]+Accelerator\b")
+
+
+def _builds_optimizer(call: ast.Call, imports: dict[str, list[str]], trains: bool) -> bool:
     """Can the analysis take ``call`` for an optimizer?  Any chain in the callee counts
     (``torch.optim.__dict__[name](...)``, ``partial(Adam, lr=lr)(...)``)."""
     for node in ast.walk(call.func):
@@ -107,7 +170,7 @@ def _builds_optimizer(call: ast.Call, imports: dict[str, list[str]], has_paramet
         names = [".".join(chain)]
         names += [".".join([target, *chain[1:]]) for target in imports.get(chain[0], ())]
         for name in names:
-            if has_parameters and _optimizer_named(name.rsplit(".", 1)[-1]):
+            if trains and _optimizer_named(name.rsplit(".", 1)[-1]):
                 return True
             if name.startswith("torch.optim.") and not (name + ".").startswith(_NOT_OPTIMIZERS):
                 return True

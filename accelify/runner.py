@@ -51,8 +51,9 @@ def convert_path(path: str, options: Options) -> Outcome:
     return Outcome(convert_text(source.text, source.path, options), source.encoding)
 
 
-def needing_analysis(paths: Iterable[str], enough: int) -> int:
-    """How many of ``paths`` need the LibCST analysis, counting up to ``enough`` (stdin not counted)."""
+def candidates(paths: Iterable[str], enough: int) -> int:
+    """How many of ``paths`` the text test alone lets through to the analysis, counting up to
+    ``enough`` (stdin not counted): reading is all it costs, no parse."""
     count = 0
     for path in paths:
         if count >= enough:
@@ -63,17 +64,17 @@ def needing_analysis(paths: Iterable[str], enough: int) -> int:
             text = read_source(path).text
         except SourceError:
             continue
-        count += precheck.needs_analysis(text)
+        count += precheck.mentions_training(text) and not precheck.skipped(text)
     return count
 
 
 def convert_all(paths: Sequence[str], options: Options, jobs: int) -> Iterator[Outcome]:
     """The outcome of each path, in the order of ``paths``.
 
-    A pool of ``jobs`` processes is started only when at least two files need the
-    analysis: starting workers costs more than one file's conversion.
+    A pool of ``jobs`` processes is started only when at least two files may need the
+    analysis: for files that cannot train, starting workers costs more than it saves.
     """
-    if jobs > 1 and needing_analysis(paths, 2) >= 2:
+    if jobs > 1 and candidates(paths, 2) >= 2:
         return _pooled(paths, options, min(jobs, len(paths)))
     return (convert_path(path, options) for path in paths)
 
@@ -81,10 +82,9 @@ def convert_all(paths: Sequence[str], options: Options, jobs: int) -> Iterator[O
 def _make_pool(jobs: int):
     from concurrent.futures import ProcessPoolExecutor
 
-    # Files needing the analysis are coming: import it once here, so that forked workers start
-    # with it (each would otherwise spend most of a second importing LibCST on its own).
-    import accelify.pipeline  # noqa: F401
-
+    # Workers start from this small process: each imports the analysis (LibCST) only when it
+    # meets a file that needs it, in parallel, while the other checks files. (Importing it here
+    # first, to share it, would make every worker wait for that import.)
     return ProcessPoolExecutor(max_workers=jobs, initializer=_worker_start)
 
 
@@ -110,31 +110,48 @@ class _Ready:
         return self._outcome
 
 
+def _cost(path: str) -> int:
+    """A guess at the work a file costs, to hand out the costly ones first: its size, times 20
+    if its text passes the test for the analysis (bytes, undecoded: a guess is all it is)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0
+    return len(data) * (20 if b"optim" in data or b"backward" in data or b"parameters" in data else 1)
+
+
 def _pooled(paths: Sequence[str], options: Options, jobs: int) -> Iterator[Outcome]:
+    """Files go to the pool a window at a time, the costliest of a window first (so a large
+    file does not start last and keep one worker busy while the others wait); outcomes come
+    back in the order of ``paths``, and at most two windows of them are held."""
     pool = _make_pool(jobs)
     queued: deque = deque()
+    window = jobs * LOOK_AHEAD
     todo = iter(paths)
 
-    def top_up() -> None:
-        while len(queued) < jobs * LOOK_AHEAD:
-            path: Optional[str] = next(todo, None)
-            if path is None:
-                return
+    def submit_window() -> None:
+        batch = [path for _, path in zip(range(window), todo)]
+        jobs_of: dict[int, object] = {}
+        for i in sorted(range(len(batch)), key=lambda i: -_cost(batch[i]) if batch[i] != "-" else 0):
+            path = batch[i]
             if path == "-":  # the parent's standard input
-                queued.append((path, _Ready(convert_path(path, options))))
+                jobs_of[i] = _Ready(convert_path(path, options))
                 continue
             try:
-                queued.append((path, pool.submit(convert_path, path, options)))
+                jobs_of[i] = pool.submit(convert_path, path, options)
             except Exception as exc:  # the pool is broken: a worker died
-                queued.append((path, _Ready(_failed(path, exc))))
+                jobs_of[i] = _Ready(_failed(path, exc))
+        queued.extend((path, jobs_of[i]) for i, path in enumerate(batch))
 
     try:
-        top_up()
+        submit_window()
         while queued:
+            if len(queued) <= window:
+                submit_window()
             path, job = queued.popleft()
-            top_up()
             try:
-                outcome = job.result()
+                outcome = job.result()  # type: ignore[attr-defined]
             except Exception as exc:
                 outcome = _failed(path, exc)
             del job

@@ -43,6 +43,11 @@ class Index(cst.CSTVisitor):
         self._stack.pop()
         self.end[id(original_node)] = len(self.order)
 
+    def holds(self, node: cst.CSTNode) -> bool:
+        """``node`` is a node of the indexed tree."""
+        start = self.start.get(id(node))
+        return start is not None and self.order[start] is node
+
     def positions(self, tree: cst.CSTNode, cls: type) -> Optional[list[int]]:
         """Pre-order positions of the ``cls`` nodes in ``tree`` (None: ``tree`` is not indexed)."""
         start = self.start.get(id(tree))

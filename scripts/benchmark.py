@@ -18,10 +18,15 @@ Cases (targets are printed, not asserted):
 3. The same with 500 generated helper functions appended (~3.1k lines), and a
    growth series over 0/250/500/1000 helpers.                    ratio <= 1.5
 4. ``accelify convert --check -j 1 DIR`` over a copy of the installed
-   accelerate package plus the fixtures' ``before.py``, vs a sequential bare
+   accelerate package (the issue's case), vs a sequential bare
    ``libcst.parse_module(text).code`` of the same files: throughput.
                                                                   ratio >= 1.0
-5. ``-j <all cores>`` vs ``-j 1`` on that directory: speed-up.   >= 1.7 (2 cores)
+   4b. The same directory plus the fixtures' ``before.py`` (81 training
+   scripts, each fully analysed): throughput, reported (no target).
+5. ``-j <all cores>`` vs ``-j 1`` on each directory: speed-up.   >= 1.7 (2 cores)
+   Beside it, what the machine gives perfectly parallel work: the bare parse of
+   the directory split in two halves run at once, vs both halves one after the
+   other (two cores of a shared host are not twice one core).
 6. Peak RSS (``wait4`` of the child: the largest process of its tree) of the
    directory run and of the 3.1k-line conversion. Linux counts the image a child
    was forked from, so the harness imports nothing heavy (not even accelerate)
@@ -77,6 +82,8 @@ class Measure:
     argv: list[str]
     ok_status: tuple[int, ...]
     runs: list[Run] = field(default_factory=list)
+    #: commands started at once with ``argv`` (one run lasts until the last ends)
+    beside: list[list[str]] = field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -123,6 +130,34 @@ def run_child(argv: Sequence[str], stdout_path: Optional[str] = None) -> Run:
     return Run(elapsed, usage.ru_maxrss, status, text)  # ru_maxrss is KiB on Linux
 
 
+def run_together(argvs: Sequence[Sequence[str]]) -> Run:
+    """Start every command at once; the run lasts until the last one ends (worst status, largest RSS)."""
+    errs = [tempfile.TemporaryFile() for _ in argvs]
+    start = time.perf_counter()
+    procs = [subprocess.Popen(a, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True)
+             for a, e in zip(argvs, errs)]
+    timers = [threading.Timer(TIMEOUT, _kill_group, (p.pid,)) for p in procs]
+    for t in timers:
+        t.start()
+    statuses, rss = [], 0
+    try:
+        for proc in procs:
+            _, wait_status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = status = os.waitstatus_to_exitcode(wait_status)
+            statuses.append(status)
+            rss = max(rss, usage.ru_maxrss)
+    finally:
+        elapsed = time.perf_counter() - start
+        for t in timers:
+            t.cancel()
+    text = ""
+    for e in errs:
+        e.seek(0)
+        text += e.read().decode("utf-8", "replace")
+        e.close()
+    return Run(elapsed, rss, next((st for st in statuses if st != 0), 0), text)
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -134,7 +169,7 @@ def measure(pairs: Sequence[Measure], repeat: int) -> None:
     """``repeat`` rounds, each running every command once (interleaved: load hits all alike)."""
     for _ in range(repeat):
         for m in pairs:
-            run = run_child(m.argv)
+            run = run_together([m.argv, *m.beside]) if m.beside else run_child(m.argv)
             m.runs.append(run)
             if m.failed(run):
                 report_failure(m, run)
@@ -287,8 +322,9 @@ def line_count(text: str) -> int:
     return len(text.splitlines())
 
 
-def build_corpus(dest: Path) -> tuple[list[Path], int, Path]:
-    """Copy accelerate's ``*.py`` and the fixtures' ``before.py`` under ``dest``; files and lines."""
+def build_corpus(dest: Path, training: bool) -> tuple[list[Path], int, Path]:
+    """Copy accelerate's ``*.py`` (and with ``training`` the fixtures' ``before.py``) under ``dest``;
+    files and lines."""
     # find_spec, not import: importing accelerate (and torch) here would swell this process, and
     # a child's ru_maxrss counts the parent's image it was forked from.
     spec = importlib.util.find_spec("accelerate")
@@ -301,10 +337,11 @@ def build_corpus(dest: Path) -> tuple[list[Path], int, Path]:
         target = dest / "accelerate" / source.relative_to(package)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
-    training = dest / "training_scripts"
-    training.mkdir(parents=True)
-    for before in sorted(ROOT.glob("fixtures/*/before.py")):
-        shutil.copyfile(before, training / f"{before.parent.name}.py")
+    if training:
+        scripts = dest / "training_scripts"
+        scripts.mkdir(parents=True)
+        for before in sorted(ROOT.glob("fixtures/*/before.py")):
+            shutil.copyfile(before, scripts / f"{before.parent.name}.py")
     files = sorted(dest.rglob("*.py"))
     lines = sum(line_count(p.read_bytes().decode("utf-8", "replace")) for p in files)
     return files, lines, package
@@ -518,46 +555,61 @@ def main() -> None:
         rows.append(ratio_row(f"3. `convert` (diff), same + 500 helpers ({lines3:,} lines)", acc3, ref3,
                               "parse + scope + qualified names", "<= 1.5"))
 
-        # 4 + 5. a directory
-        progress("cases 4/5: building the directory corpus")
-        corpus = work / "corpus"
-        files, total_lines, package = build_corpus(corpus)
-        listing = work / "files.txt"
-        listing.write_text("\n".join(str(p) for p in files) + "\n")
+        # 4 + 5. directories: accelerate's package (the issue's case), then with training scripts
         j1 = [jflag, "1"] if jflag else []
-        acc4 = Measure("case 4 accelify", [*accelify, "convert", "--check", *j1, str(corpus)], (0, 1))
-        ref4 = Measure("case 4 reference", [PYTHON, str(work / "ref_parse_many.py"), str(listing)], (0,))
-        acc5: Optional[Measure] = None
-        if jflag is not None and cores > 1:
-            acc5 = Measure(f"case 5 accelify {jflag} {cores}",
-                           [*accelify, "convert", "--check", jflag, str(cores), str(corpus)], (0, 1))
-        progress(f"cases 4/5: --check{' ' + shlex.join(j1) if j1 else ''}"
-                 f"{f' and {jflag} {cores}' if acc5 else ''} over {len(files)} files, {total_lines} lines")
-        # the -j 1 run serves both case 4 and case 5, all three interleaved
-        measure([acc4, ref4] + ([acc5] if acc5 else []), repeat)
-        acc_lps, ref_lps = total_lines / acc4.median, total_lines / ref4.median
-        rows.append(Row(
-            f"4. `convert --check{' -j 1' if jflag else ''}`, dir of {len(files)} files / {total_lines:,} lines",
-            f"{acc_lps:,.0f} lines/s, {len(files) / acc4.median:.1f} files/s" + ("" if acc4.ok else " (errors)"),
-            f"{ref_lps:,.0f} lines/s, {len(files) / ref4.median:.1f} files/s (parse + code)",
-            f"{acc_lps / ref_lps:.2f}", verdict(acc_lps / ref_lps, ">= 1.0")))
-        details.append(f"directory: {corpus}: {len(files)} files, {total_lines} lines "
-                       f"(accelerate {importlib.metadata.version('accelerate')} from {package}, "
-                       f"plus {len(list(ROOT.glob('fixtures/*/before.py')))} fixtures' before.py)\n"
-                       f"  accelify{' -j 1' if jflag else ''}:  {acc4.describe()}\n"
-                       + (f"  accelify {jflag} {cores}:  {acc5.describe()}\n" if acc5 else "")
-                       + f"  reference: {ref4.describe()}")
-        details.extend(directory_outcome(acc4, corpus))
-
-        if jflag is None:
-            rows.append(Row("5. `-j` all cores vs `-j 1`, same directory", "n/a (no --jobs option)", "", "", ">= 1.7"))
-        elif acc5 is None:
-            rows.append(Row("5. `-j` all cores vs `-j 1`, same directory", "n/a (1 core)", "", "", ">= 1.7"))
-        else:
-            speedup = acc4.median / acc5.median
-            rows.append(Row(f"5. `-j {cores}` vs `-j 1`, same directory", fmt_seconds(acc5.median),
-                            f"{fmt_seconds(acc4.median)} (`-j 1`)", f"{speedup:.2f}x",
-                            verdict(speedup, ">= 1.7")))
+        dirs = {}
+        for key, training in (("4", False), ("4b", True)):
+            progress(f"case {key}: building the directory corpus")
+            corpus = work / f"corpus_{key}"
+            files, total_lines, package = build_corpus(corpus, training)
+            listing = work / f"files_{key}.txt"
+            listing.write_text("\n".join(str(p) for p in files) + "\n")
+            halves = [work / f"files_{key}_{half}.txt" for half in (0, 1)]
+            for half, path in enumerate(halves):
+                path.write_text("\n".join(str(p) for p in files[half::2]) + "\n")
+            acc = Measure(f"case {key} accelify", [*accelify, "convert", "--check", *j1, str(corpus)], (0, 1))
+            ref = Measure(f"case {key} reference", [PYTHON, str(work / "ref_parse_many.py"), str(listing)], (0,))
+            jobs: Optional[Measure] = None
+            ceiling: Optional[Measure] = None
+            if jflag is not None and cores > 1:
+                jobs = Measure(f"case {key} accelify {jflag} {cores}",
+                               [*accelify, "convert", "--check", jflag, str(cores), str(corpus)], (0, 1))
+                ceiling = Measure(f"case {key} two halves at once",
+                                  [PYTHON, str(work / "ref_parse_many.py"), str(halves[0])], (0,),
+                                  beside=[[PYTHON, str(work / "ref_parse_many.py"), str(halves[1])]])
+            progress(f"case {key}: --check{' ' + shlex.join(j1) if j1 else ''}"
+                     f"{f' and {jflag} {cores}' if jobs else ''} over {len(files)} files, {total_lines} lines")
+            # the -j 1 run serves both case 4 and case 5, all interleaved
+            measure([acc, ref] + ([jobs, ceiling] if jobs and ceiling else []), repeat)
+            dirs[key] = (acc, ref, jobs, ceiling)
+            acc_lps, ref_lps = total_lines / acc.median, total_lines / ref.median
+            what = ("accelerate's package" if not training
+                    else f"the same + {len(list(ROOT.glob('fixtures/*/before.py')))} training scripts")
+            rows.append(Row(
+                f"{key}. `convert --check{' -j 1' if jflag else ''}`, {what}: {len(files)} files / {total_lines:,} lines",
+                f"{acc_lps:,.0f} lines/s, {len(files) / acc.median:.1f} files/s" + ("" if acc.ok else " (errors)"),
+                f"{ref_lps:,.0f} lines/s, {len(files) / ref.median:.1f} files/s (parse + code)",
+                f"{acc_lps / ref_lps:.2f}", verdict(acc_lps / ref_lps, ">= 1.0") if not training else "(reported)"))
+            details.append(f"directory {key}: {corpus}: {len(files)} files, {total_lines} lines "
+                           f"(accelerate {importlib.metadata.version('accelerate')} from {package}"
+                           + (", plus the fixtures' before.py)" if training else ")") + "\n"
+                           f"  accelify{' -j 1' if jflag else ''}:  {acc.describe()}\n"
+                           + (f"  accelify {jflag} {cores}:  {jobs.describe()}\n" if jobs else "")
+                           + (f"  two halves of the bare parse at once:  {ceiling.describe()}\n" if ceiling else "")
+                           + f"  reference: {ref.describe()}")
+            details.extend(directory_outcome(acc, corpus))
+            if jflag is None:
+                rows.append(Row(f"5. `-j` all cores vs `-j 1`, directory {key}", "n/a (no --jobs option)", "", "",
+                                ">= 1.7"))
+            elif jobs is None or ceiling is None:
+                rows.append(Row(f"5. `-j` all cores vs `-j 1`, directory {key}", "n/a (1 core)", "", "", ">= 1.7"))
+            else:
+                speedup = acc.median / jobs.median
+                machine = ref.median / ceiling.median
+                rows.append(Row(f"5. `-j {cores}` vs `-j 1`, directory {key}", fmt_seconds(jobs.median),
+                                f"{fmt_seconds(acc.median)} (`-j 1`); the machine: two halves of the bare parse "
+                                f"at once {machine:.2f}x", f"{speedup:.2f}x", verdict(speedup, ">= 1.7")))
+        acc4, ref4, acc5, _ = dirs["4"]
 
         # 6. memory (from the runs above)
         rows.append(Row(f"6. peak RSS, directory run{' (-j 1)' if jflag else ''}", f"{acc4.max_rss_mib:.0f} MiB",
@@ -602,12 +654,14 @@ def main() -> None:
         print(f"training script: {script.relative_to(ROOT)} ({lines2} lines)")
         for block in details:
             print(block)
-        for who, m in (("accelify", acc4), ("the reference", ref4)):
-            errors = error_files(m)
-            if errors:
-                print(f"\n{who} reported {len(errors)} error(s) in the directory run (paths under {corpus}):")
-                for message, paths in group_errors(errors, str(corpus)).items():
-                    print(f"- {message}\n  {len(paths)} file(s): {', '.join(paths)}")
+        for key, (acc, ref, _, _) in dirs.items():
+            corpus = work / f"corpus_{key}"
+            for who, m in (("accelify", acc), ("the reference", ref)):
+                errors = error_files(m)
+                if errors:
+                    print(f"\n{who} reported {len(errors)} error(s) in directory {key} (paths under {corpus}):")
+                    for message, paths in group_errors(errors, str(corpus)).items():
+                        print(f"- {message}\n  {len(paths)} file(s): {', '.join(paths)}")
         if jflag is None:
             print("\n`accelify convert` has no -j/--jobs option: case 4 ran without it, case 5 is n/a.")
         print()

@@ -14,6 +14,7 @@ from libcst.metadata import (
     MetadataWrapper,
     ParentNodeProvider,
     PositionProvider,
+    QualifiedNameProvider,
     ScopeProvider,
 )
 
@@ -86,6 +87,70 @@ def test_positions_parents_and_contexts_are_libcsts(path: Path) -> None:
                 # LOAD is what accelify asks about: it must agree exactly there
                 assert (got == ExpressionContext.LOAD) == (expected == ExpressionContext.LOAD), cst.Module([]).code_for_node(node)
         assert checked > 100
+    finally:
+        walk.activate(None)
+
+
+SCOPES_SAMPLE = """\
+import torch as T
+from torch import device as dev, nn
+import torch.nn.parallel as par
+
+class Net(nn.Module):
+    size = 4
+    def forward(self, x, *args, k=size, **kw):
+        return [T.relu(y) for y in x if (z := y)]
+
+def outer():
+    model = Net()
+    def inner():
+        nonlocal model
+        global g
+        g = lambda q: par.DistributedDataParallel(q)
+        return model.to(dev("cpu"))
+    return inner
+
+try:
+    import apex
+except ImportError:
+    apex = None
+del apex
+print(f"{T.__version__!r}", *(a for a in range(3)))
+"""
+
+
+@pytest.mark.parametrize("source", [SCOPES_SAMPLE, *(p.read_text() for p in SAMPLE)],
+                         ids=["sample", *(p.parent.name for p in SAMPLE)])
+def test_scopes_and_qualified_names_are_libcsts(source: str) -> None:
+    """Scopes come from LibCST's providers run without the wrapper's extra walks, and qualified
+    names are asked of them lazily: every node gets the scope and names LibCST's way gives."""
+    module = cst.parse_module(source)
+    ours = composite.resolve(module)
+    try:
+        theirs = MetadataWrapper(module, unsafe_skip_copy=True)
+        scopes = theirs.resolve(ScopeProvider)
+        names = theirs.resolve(QualifiedNameProvider)
+        our_scopes = ours._metadata[ScopeProvider]
+        our_names = ours._metadata[QualifiedNameProvider]
+        assert set(our_scopes) == set(scopes)
+        checked = 0
+        for node in walk.active().order:  # type: ignore[union-attr]
+            mine, theirs_ = our_scopes.get(node), scopes.get(node)
+            assert type(mine) is type(theirs_)
+            if mine is not None:
+                assert sorted(a.name for a in mine.assignments) == sorted(a.name for a in theirs_.assignments)
+                assert sorted(a.node.value for a in mine.accesses if isinstance(a.node, cst.Name)) == sorted(
+                    a.node.value for a in theirs_.accesses if isinstance(a.node, cst.Name))
+            expected = names.get(node)
+            expected = expected() if callable(expected) else expected
+            assert our_names.get(node) == expected, cst.Module([]).code_for_node(node)
+            if expected:
+                checked += 1
+        assert checked > 10
+        new = cst.Name("fresh")  # a node not of the tree: no names, as with LibCST
+        assert our_names.get(new, "absent") == "absent" == names.get(new, "absent")
+        with pytest.raises(KeyError):
+            our_names[new]
     finally:
         walk.activate(None)
 
@@ -229,3 +294,38 @@ def test_no_change_is_reported_for_code_another_codemod_removes() -> None:
     line = source.splitlines().index("            batch = tuple(t.to(self.device) for t in batch)") + 1
     assert [c.code for c in result.changes if c.line == line] == ["ACC003"]
     assert "self.device" not in result.output
+
+
+def test_libcsts_import_visitors_look_for_decorated_methods_once(monkeypatch) -> None:
+    """pipeline remembers, per LibCST visitor class, that it has no decorated methods; a class
+    of anyone else is still looked at on every instance, and its decorators still work."""
+    import libcst.matchers._visitors as visitors
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor, GatherImportsVisitor
+
+    import builtins
+
+    walks: list[type] = []
+    real_dir = builtins.dir
+    monkeypatch.setattr(visitors, "dir", lambda obj: walks.append(type(obj)) or real_dir(obj), raising=False)
+    AddImportsVisitor(CodemodContext())
+    GatherImportsVisitor(CodemodContext())
+    walks.clear()
+    AddImportsVisitor(CodemodContext())
+    GatherImportsVisitor(CodemodContext())
+    assert walks == []
+
+    class Names(m.MatcherDecoratableVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        @m.visit(m.Name())
+        def name(self, node: cst.Name) -> None:
+            self.seen.append(node.value)
+
+    for _ in range(2):
+        walks.clear()
+        visitor = Names()
+        cst.parse_module("a = b\n").visit(visitor)
+        assert visitor.seen == ["a", "b"] and Names in walks

@@ -101,6 +101,10 @@ MUST_ANALYSE = {
                 w -= 0.01 * w.grad
                 w.grad.zero_()
         """),
+    # `Accelerator` in a string, and NFKC-equal to it only (LibCST's Name is the fullwidth spelling)
+    "backward, Accelerator in a string": "import torch\nname = 'Accelerator'\nloss.backward()\n",
+    "backward, fullwidth Accelerator": "import torch\nfrom lib import \uff21ccelerator\n\uff21ccelerator.run()\n"
+                                       "loss.backward()\n",
     "syntax error": "optimizer = torch.optim.SGD(model.parameters(\n",
     "null byte": "optimizer = 1\0\n",
 }
@@ -192,6 +196,34 @@ MUST_SKIP = {
             names = dict(model.named_parameters())
             return n, names
         """),
+    "optimizer-named call of arguments": dedent("""
+        def save(model, optimizer):
+            state = FSDP.optim_state_dict(model, optimizer)
+            n = sum(p.numel() for p in model.parameters())
+            return state, n
+        """),
+    "Accelerate's own class": dedent("""
+        class Accelerator:
+            def backward(self, loss, **kwargs):
+                loss.backward(**kwargs)
+        """),
+    "already an Accelerate script": dedent("""
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        model, optimizer, loader = accelerator.prepare(*build())
+        for batch in loader:
+            loss = model(batch).sum()
+            loss.backward()
+            optimizer.step()
+        """),
+    "imports Accelerator": dedent("""
+        import accelerate
+        from accelerate import Accelerator as Acc
+
+        def step(loss):
+            loss.backward()
+        """),
     "no keyword at all": "print('hello')\n",
 }
 
@@ -273,7 +305,7 @@ def test_a_text_asked_twice_is_parsed_once(monkeypatch) -> None:
 
     parses = []
     real = precheck._may_train
-    monkeypatch.setattr(precheck, "_may_train", lambda tree: parses.append(tree) or real(tree))
+    monkeypatch.setattr(precheck, "_may_train", lambda tree, source: parses.append(tree) or real(tree, source))
     text = "import torch\nopt = torch.optim.SGD(model.parameters())\n"
     assert precheck.may_train(text) and precheck.may_train(text)
     assert len(parses) == 1
