@@ -463,7 +463,7 @@ def directory_outcome(m: Measure, corpus: Path) -> list[str]:
     library = sorted(p for p in would if not p.startswith("training_scripts/"))
     errors = {path for paths in group_errors(error_files(m), str(corpus)).values() for path in paths}
     kept = sorted(p for p in (f"training_scripts/{b.parent.name}.py" for b in ROOT.glob("fixtures/*/before.py"))
-                  if p not in would and p not in errors)
+                  if p not in would and p not in errors and (corpus / p).exists())
     if library:
         out.append(f"  library (non-fixture) files accelify would convert: {', '.join(library)}")
     if kept:
