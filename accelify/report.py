@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
-from typing import TextIO
+from typing import Optional, TextIO
 
 
 @dataclass(frozen=True, order=True)
@@ -77,11 +78,26 @@ def _escape(text: str, prop: bool = False) -> str:
     return text.replace(":", "%3A").replace(",", "%2C") if prop else text
 
 
+def _error_position(path: str, error: str) -> tuple[Optional[int], Optional[int], str]:
+    """``PATH:LINE:COL: message`` (or ``PATH:LINE: ...``, ``PATH: ...``) split into its line, its
+    column and the message without the path, which an annotation names on its own."""
+    if not error.startswith(path + ":"):
+        return None, None, error
+    rest = error[len(path) + 1:]
+    found = re.match(r"(\d+)(?::(\d+))?: ", rest)
+    if found is None:
+        return None, None, rest.lstrip()
+    column = found.group(2)
+    return int(found.group(1)), int(column) if column else None, rest[found.end():]
+
+
 def report_github(results, stream: TextIO) -> None:
     """GitHub Actions workflow commands: an annotation per finding, an error per unreadable file."""
     for result in results:
         if result.error:
-            stream.write(f"::error file={_escape(result.path, True)},title=accelify::{_escape(result.error)}\n")
+            line, column, message = _error_position(result.path, result.error)
+            position = _position(line, column, ",line={},col={}", ",line={}")
+            stream.write(f"::error file={_escape(result.path, True)}{position},title=accelify::{_escape(message)}\n")
         for f in result.findings:
             message = f.message + (f" Suggestion: {f.suggestion}" if f.suggestion else "")
             position = _position(f.line, f.column, ",line={},col={}", ",line={}")

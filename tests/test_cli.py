@@ -242,7 +242,8 @@ def test_format_github(ambiguous: Path) -> None:
     assert proc.returncode == 123
     lines = proc.stdout.decode().splitlines()
     assert lines[0].startswith("::warning file=amb.py,line=12,col=16,title=accelify ACC108::`.to(mirror_device)`")
-    assert any(line.startswith("::error file=bad.py,title=accelify::bad.py:") for line in lines)
+    # the error's position goes where GitHub puts it on the file; the message does not repeat the path
+    assert "::error file=bad.py,line=1,col=5,title=accelify::cannot parse: '(' was never closed" in lines
     assert not any(line.startswith(("---", "+++")) for line in lines)
 
 
@@ -383,3 +384,14 @@ def test_readme_command_one_converts_the_shipped_example(root: Path) -> None:
     assert "+from accelerate import Accelerator\n" in out and "+accelerator = Accelerator()" in out
     assert "accelerator.prepare(" in out and "+        accelerator.backward(loss)\n" in out
     assert b"1 file would be converted" in proc.stderr
+
+
+def test_github_error_positions() -> None:
+    from accelify.report import _error_position
+
+    assert _error_position("a/b.py", "a/b.py:3:7: cannot parse: x") == (3, 7, "cannot parse: x")
+    assert _error_position("a/b.py", "a/b.py:3: bad") == (3, None, "bad")
+    assert _error_position("a/b.py", "a/b.py: internal error, file left unchanged: E()") == (
+        None, None, "internal error, file left unchanged: E()")
+    assert _error_position("a:1.py", "a:1.py:2:1: cannot parse: y") == (2, 1, "cannot parse: y")
+    assert _error_position("a.py", "cannot read b.py") == (None, None, "cannot read b.py")
