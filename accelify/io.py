@@ -71,7 +71,8 @@ def write_atomic(path: str, text: str, encoding: str) -> None:
 
 
 def iter_python_files(paths: Iterable[str]) -> Iterator[str]:
-    """Files as given; directories expanded to their ``*.py`` files, sorted, skipping tool folders.
+    """Files as given; directories expanded to their ``*.py`` files, sorted, skipping tool folders
+    and links to files outside the directory.
 
     A file reached twice (given twice, or through symbolic links) comes once, under the first
     of its names; standard input ('-') is never merged.
@@ -91,8 +92,20 @@ def _expand(paths: Iterable[str]) -> Iterator[str]:
         if given == "-" or not os.path.isdir(given):
             yield given
             continue
+        top = os.path.realpath(given)
         for root, dirs, files in os.walk(given):
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
             for name in sorted(files):
-                if name.endswith(".py"):
-                    yield os.path.join(root, name)
+                path = os.path.join(root, name)
+                if name.endswith(".py") and not _leaves(path, top):
+                    yield path
+
+
+def _leaves(path: str, top: str) -> bool:
+    """``path`` is a symbolic link to a file outside the directory ``top`` (as black, a directory
+    run leaves such files alone: they belong to another tree; named on the command line, they
+    are converted)."""
+    if not os.path.islink(path):
+        return False
+    real = os.path.realpath(path)
+    return os.path.commonpath([real, top]) != top

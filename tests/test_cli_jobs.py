@@ -360,6 +360,21 @@ def test_a_file_reached_through_several_links_is_converted_once(tmp_path: Path) 
     assert (tmp_path / "a.py").read_text() == CONVERTED and (tmp_path / "b.py").is_symlink()
 
 
+def test_a_directory_run_leaves_links_to_other_trees_alone(tmp_path: Path) -> None:
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "vendored.py").write_text(TRAIN)
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "train.py").write_text(TRAIN)
+    (tmp_path / "repo" / "vendored.py").symlink_to(tmp_path / "outside" / "vendored.py")
+    fixed = run("convert", "--in-place", "repo", cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stderr.decode().endswith("1 file converted, 0 unchanged.\n")
+    assert (tmp_path / "outside" / "vendored.py").read_text() == TRAIN  # another tree's file: untouched
+    assert (tmp_path / "repo" / "train.py").read_text() == CONVERTED
+    named = run("convert", "--in-place", "repo/vendored.py", cwd=tmp_path)  # named: converted, through the link
+    assert named.returncode == 0 and (tmp_path / "outside" / "vendored.py").read_text() == CONVERTED
+
+
 # ---------------------------------------------------------------- pre-commit and CI
 
 
