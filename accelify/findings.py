@@ -21,7 +21,8 @@ FINDINGS: dict[str, str] = {
     "(`Trainer.train`) that is not called exactly once, outside a loop: file left unchanged. A trainer method called "
     "once is converted (`prepare` there, the Accelerator created in `__init__`).",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
-    "left as it is.",
+    "left as it is. The model or batches placed on a device chosen outside the function that trains (a "
+    "module-level `device` used in `main()`) or handed in: file left unchanged.",
     "ACC109": "A placement in code that cannot reach the Accelerator: left as it is; a `.module` of a model whose "
     "DataParallel wrapper is removed: file left unchanged.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: file left unchanged (it would clip "

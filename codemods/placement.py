@@ -13,6 +13,7 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, Qualified
 
 from accelify.analysis import (
     assigned_names,
+    assigned_values,
     key_at,
     classify_device,
     iter_statements,
@@ -344,6 +345,16 @@ class RemovePlacement(AccelifyCodemod):
                     "`prepare` every process would move them to that one device. File not converted.",
                     "build the device where the model and optimizer are built (`device = torch.device(\"cuda\" if "
                     "torch.cuda.is_available() else \"cpu\")`) and pass it on from there, or use `accelerator.device`.",
+                )
+            elif isinstance(first, cst.Name) and any(classify_device(self, v) for v in assigned_values(self, first)):
+                # `device = torch.device(...)` at module level, the training in `main()`: the
+                # training device, chosen where the Accelerator cannot replace it.
+                self.refuse(
+                    call, "ACC108", f"`.to({name})`: `{name}` is a device chosen outside the function that trains "
+                    f"(`{self.plan.setup}`); left in place, after `prepare` every process would move the "
+                    f"{'model' if on_model else 'batches'} to that one device. File not converted.",
+                    f"build `{name}` in `{self.plan.setup}`, where the model and optimizer are built, or use "
+                    "`accelerator.device`.",
                 )
             else:
                 self.finding(

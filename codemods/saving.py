@@ -9,12 +9,13 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.walk import findall
-from libcst.metadata import ParentNodeProvider, ScopeProvider
+from libcst.metadata import ClassScope, ParentNodeProvider, ScopeProvider
 
 from accelify.analysis import (
     TORCH_LOAD,
     TORCH_SAVE,
     assigned_values,
+    key_at,
     qualified_names,
     receiver_refs,
     ref_of,
@@ -67,6 +68,7 @@ class Saving(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._taint = EarlyStops(self, self.plan, node, [], [])
+        self._module = node
         self._saved: set[int] = set()  # saves rewritten with a barrier before them
         self._states = self._checkpoint_states(node)
         self._unsynced = False  # a save no barrier follows: the next load must wait for it
@@ -240,9 +242,11 @@ class Saving(AccelifyCodemod):
             save = self.parse_statement(torch_call + "\n" if guarded else f"if {accelerator}.is_main_process:\n    {torch_call}\n")
         remove_imports_of(self.context, call.func)
         self.change(original_node, "saved once, from the unwrapped model, after every process is done")
-        if under_main_process_check(self, original_node) or self._per_process(original_node):
+        if (under_main_process_check(self, original_node) or self._per_process(original_node)
+                or not self._every_process_calls(original_node)):
             # A barrier here would wait for processes that never get here: under a main-process
-            # check, or under a test each process decides on its own (`if val_acc > best:`).
+            # check, under a test each process decides on its own (`if val_acc > best:`), or in a
+            # helper called so (`if acc > best: save_checkpoint(model, path)`).
             self._unsynced = True  # a later load waits for it
             self.replaced(original_node)
             return save.with_changes(leading_lines=updated_node.leading_lines)
@@ -254,6 +258,50 @@ class Saving(AccelifyCodemod):
             # `save(G); save(D)`: the barrier before the first one covers both
             return cst.FlattenSentinel([save.with_changes(leading_lines=updated_node.leading_lines), *after])
         return cst.FlattenSentinel([wait.with_changes(leading_lines=updated_node.leading_lines), save, *after])
+
+    def _every_process_calls(self, node: cst.CSTNode, depth: int = 0) -> bool:
+        """Does every process reach ``node``, as far as the functions around it go? Up to the setup
+        function (every process trains) or the module, each function in between must be called
+        in this file, and only where every process goes: not under a main-process check or a
+        test each process decides on its own. A function also used otherwise (handed as a
+        callback, called from another file) cannot be followed: no."""
+        func = self._enclosing_function(node)
+        if func is None or key_at(self, func.body) == self.plan.setup:
+            return True
+        calls = self._calls_of(func)
+        if depth > 4 or not calls:
+            return False
+        return all(not under_main_process_check(self, call) and not self._per_process(call)
+                   and self._every_process_calls(call, depth + 1) for call in calls)
+
+    def _enclosing_function(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None and not isinstance(parent, cst.FunctionDef):
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+        return parent
+
+    def _calls_of(self, func: cst.FunctionDef) -> list[cst.Call]:
+        """The calls of ``func`` in this file; empty when it is also used in another way (handed on,
+        or a method reached through anything but an attribute call)."""
+        name = func.name.value
+        scope = self.get_metadata(ScopeProvider, func, None)
+        uses: list[cst.CSTNode] = []
+        if scope is None:
+            return []
+        if isinstance(scope, ClassScope):  # a method: `self.save(...)`, `trainer.save(...)`
+            uses = list(findall(self._module, m.Attribute(attr=m.Name(name))))
+        else:
+            for assignment in scope.assignments[name]:
+                if getattr(assignment, "node", None) is not func:
+                    return []  # the name is bound to something else too
+                uses += [access.node for access in assignment.references]
+        calls = []
+        for use in uses:
+            call = self.get_metadata(ParentNodeProvider, use, None)
+            if not isinstance(call, cst.Call) or call.func is not use:
+                return []
+            calls.append(call)
+        return calls
 
     def _follows_a_save(self, node: cst.SimpleStatementLine) -> bool:
         block = self.get_metadata(ParentNodeProvider, node, None)
