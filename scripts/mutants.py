@@ -242,6 +242,55 @@ MUTANTS = [
         "    if False:\n",
         tests=("tests/test_cli.py",),
     ),
+    Mutant(
+        "helper-save-barrier-everywhere", "a save helper called under `if acc > best:` waits for every process: a hang",
+        "codemods/saving.py",
+        "                or not self._every_process_calls(original_node)):\n",
+        "                or False):\n",
+        tests=("tests/test_fixtures.py",),
+    ),
+    Mutant(
+        "module-device-kept", "batches placed on a module-level device in main() are left there: one device for all",
+        "codemods/placement.py",
+        "            elif isinstance(first, cst.Name) and any(classify_device(self, v) for v in assigned_values(self, first)):\n",
+        "            elif False:\n",
+        tests=("tests/test_fixtures.py",),
+    ),
+    Mutant(
+        "precheck-skips-any-accelerator-text", "a training script with `Accelerator` in a string is skipped silently",
+        "accelify/precheck.py",
+        "        if 0 < line <= len(lines) and lines[line - 1][start:start + size] == _ACCELERATOR:\n",
+        "        if True:\n",
+        tests=("tests/test_precheck.py",),
+    ),
+    Mutant(
+        "lazy-names-of-new-nodes", "a node written by a codemod gets qualified names (it should have none)",
+        "accelify/composite.py",
+        "        elif self._index.holds(node):\n",
+        "        elif True:\n",
+        tests=("tests/test_composite.py",),
+    ),
+    Mutant(
+        "scopes-without-contexts", "the scope analysis runs without the expression contexts: wrong names",
+        "accelify/composite.py",
+        "    scopes.metadata = {ExpressionContextProvider: contexts._computed}\n",
+        "    scopes.metadata = {ExpressionContextProvider: {}}\n",
+        tests=("tests/test_composite.py",),
+    ),
+    Mutant(
+        "github-error-no-position", "a syntax error annotation is not placed on its line",
+        "accelify/report.py",
+        '            position = _position(line, column, ",line={},col={}", ",line={}")\n            stream.write(f"::error',
+        '            position = ""\n            stream.write(f"::error',
+        tests=("tests/test_cli.py",),
+    ),
+    Mutant(
+        "links-out-followed", "a directory run converts a file of another tree reached through a link",
+        "accelify/io.py",
+        "    return os.path.commonpath([real, top]) != top\n",
+        "    return False\n",
+        tests=("tests/test_cli_jobs.py",),
+    ),
 ]
 
 
