@@ -214,9 +214,20 @@ class AccelifyCodemod(cst.CSTTransformer):
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
         touched = self._touched.pop()
-        if touched and len(updated_node.body) == 1 and is_noop(updated_node.body[0]):
+        if not touched:
+            return updated_node
+        if len(updated_node.body) == 1:
+            return self.remove(updated_node) if is_noop(updated_node.body[0]) else updated_node
+        # `x = x.to(device); y = y.to(device)`: the statements of the line left doing nothing go,
+        # not those written so (a statement of the line that was not touched is kept as it is)
+        kept = [new for old, new in zip(original_node.body, updated_node.body)
+                if not (is_noop(new) and _code(new) != _code(old))]
+        if not kept:
             return self.remove(updated_node)
-        return updated_node
+        if len(kept) == len(updated_node.body):
+            return updated_node
+        kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(body=kept)
 
     def abandon(self, original_node: cst.CSTNode) -> None:
         """The traversal leaves ``original_node`` without this codemod's ``leave_*``: a codemod before
