@@ -21,6 +21,9 @@ _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|
 #: Under ``torch.optim`` but no optimizer: the analysis never takes these for one.
 _NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
 _PARAMETERS = frozenset({"parameters", "named_parameters"})
+#: Deep-learning frameworks other than PyTorch: a file that imports one of them and not torch is
+#: not a PyTorch script, however much it looks like one.
+_OTHER_FRAMEWORKS = frozenset({"paddle", "tensorflow", "jax", "flax", "mindspore", "oneflow", "mxnet", "keras"})
 #: ``model.parameters(``, also spelled ``model.parameters (`` or split over lines inside brackets.
 _PARAMETERS_CALL = re.compile(r"parameters(?:[\s\\]|#[^\r\n]*)*\(")
 
@@ -40,7 +43,8 @@ def may_train(source: str) -> bool:
     ``torch.optim.*`` (schedulers aside), or is named like one (``_OPTIMIZER_NAME``) and
     trains some ``.parameters()``/``.named_parameters()`` (in an argument, or assigned to a
     name passed as one).  Without one it only reports a ``.backward()`` call (ACC125), and
-    not in a file that names ``Accelerator``.  All are looked for on CPython's syntax tree (so
+    not in a file that names ``Accelerator``.  A file that imports another framework (paddle,
+    tensorflow, jax, ...) and not torch is not a PyTorch script.  All are looked for on CPython's syntax tree (so
     not in strings and comments), generously: every name and attribute chain inside the
     callee, as written and through the file's imports in any scope; a name assigned in any
     scope.  A file CPython cannot parse goes to the pipeline, which reports the error (or
@@ -72,6 +76,7 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     imports: dict[str, list[str]] = {}  # local name -> the dotted names it is imported as
     values: list[ast.expr] = []  # every assigned value
     trained: set[str] = set()  # names assigned a value with a `.parameters()` call in it
+    roots: set[str] = set()  # the top-level packages the file imports (absolute imports)
     backward = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -85,14 +90,19 @@ def _may_train(tree: ast.AST, source: str) -> bool:
                     trained.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.Import):
             for alias in node.names:
+                roots.add(alias.name.split(".")[0])
                 if alias.asname:
                     imports.setdefault(alias.asname, []).append(alias.name)
         elif isinstance(node, ast.ImportFrom):
+            if not node.level and node.module:
+                roots.add(node.module.split(".")[0])
             base = "." * node.level + (node.module or "")
             for alias in node.names:
                 if alias.name != "*":
                     dotted = f"{base}.{alias.name}" if node.module else base + alias.name
                     imports.setdefault(alias.asname or alias.name, []).append(dotted)
+    if roots & _OTHER_FRAMEWORKS and "torch" not in roots:
+        return False  # a script of another framework (its `loss.backward()`, its optimizers)
     while values:
         value = values.pop()
         if isinstance(value, ast.IfExp):

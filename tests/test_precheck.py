@@ -311,3 +311,22 @@ def test_a_text_asked_twice_is_parsed_once(monkeypatch) -> None:
     assert len(parses) == 1
     other = "import torch\nx = 1  # optim\n"
     assert not precheck.may_train(other) and len(parses) == 2
+
+
+def test_another_frameworks_script_is_not_pytorch() -> None:
+    """A script of PaddlePaddle or TensorFlow has `.backward()`/optimizers of its own: without a
+    torch import it is not analysed (the pipeline then leaves it as it is, silently)."""
+    paddle = dedent("""
+        import paddle
+
+        model = paddle.nn.Linear(8, 2)
+        optimizer = paddle.optimizer.SGD(parameters=model.parameters())
+        loss = model(x).sum()
+        loss.backward()
+        optimizer.step()
+        """)
+    assert not may_train(paddle)
+    assert not may_train(paddle.replace("import paddle", "from paddle import nn, optimizer as opt\nimport paddle"))
+    assert may_train("import torch\n" + paddle)  # both: a PyTorch script too
+    assert may_train("from torch import nn\n" + paddle.replace("import paddle", "import tensorflow as tf\nimport paddle"))
+    assert may_train(paddle.replace("import paddle", "import paddlex"))  # not a framework named here
