@@ -59,7 +59,7 @@ def _gather_once_per_class() -> None:
 
 
 _gather_once_per_class()
-from accelify.result import Options, Result
+from accelify.result import Options, Result, brief
 
 
 def convert_source(source: str, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
@@ -74,7 +74,7 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     try:
         result = _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
-        return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {exc!r}")
+        return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {brief(exc)}")
     finally:
         walk.activate(None)
     result.findings = _suppress(result.findings, source, options.findings)

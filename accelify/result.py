@@ -30,3 +30,10 @@ class Result:
     @property
     def changed(self) -> bool:
         return self.error is None and self.output != self.source
+
+
+def brief(exc: BaseException, limit: int = 200) -> str:
+    """``repr(exc)`` on one line, cut to ``limit`` characters: an exception can carry a whole
+    syntax tree (``KeyError(Module(...))``), and a message is read on one line."""
+    text = " ".join(repr(exc).split())
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"

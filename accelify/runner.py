@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 from accelify import precheck
 from accelify.io import SourceError, decode, read_source
-from accelify.result import Options, Result
+from accelify.result import Options, Result, brief
 
 #: Files submitted to the pool ahead of the one being printed, per worker.
 LOOK_AHEAD = 16
@@ -97,7 +97,7 @@ def _worker_start() -> None:
 
 def _failed(path: str, exc: BaseException) -> Outcome:
     """A file whose worker died (out of memory, a crash in the parser): an error, like any other."""
-    return Outcome(Result(path, "", "", error=f"{path}: internal error, file left unchanged: {exc!r}"))
+    return Outcome(Result(path, "", "", error=f"{path}: internal error, file left unchanged: {brief(exc)}"))
 
 
 class _Ready:

@@ -11,7 +11,16 @@ from accelify.walk import findall
 from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import Body as Block
-from accelify.analysis import binds, read_names, scope_root, setup_blocks
+from accelify.analysis import (
+    assigned_names,
+    binds,
+    iter_statements,
+    read_names,
+    scope_root,
+    setup_blocks,
+    simple_assign,
+)
+from accelify.accumulation import code_of
 from accelify.plan import Plan
 
 from accelify.composite import replace_in
@@ -94,8 +103,11 @@ class AddAccelerator(AccelifyCodemod):
                 index = imports[-1] + 1
         # Its arguments (`gradient_accumulation_steps=N`, an `enabled=` flag) must be bound first.
         arguments = [i for i, stmt in enumerate(block.body) if binds(stmt, self.plan.argument_names)]
-        if any(i >= first_use for i in arguments):
+        # (after its first use, only what leaves the arguments' values alone: `args.start_epoch = 3`
+        # when the Accelerator reads `args.cuda`)
+        if any(i >= first_use and self._changes_arguments(block.body[i]) for i in arguments):
             raise RuntimeError("an argument of the Accelerator is bound after its first use")
+        arguments = [i for i in arguments if i < first_use]
         if arguments:
             index = max(index, arguments[-1] + 1)
         AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
@@ -108,6 +120,21 @@ class AddAccelerator(AccelifyCodemod):
             return module.with_changes(body=body)
         return replace_in(module, block, block.with_changes(body=body))
 
+    def _changes_arguments(self, stmt: cst.BaseStatement) -> bool:
+        """Does ``stmt`` rebind a name the Accelerator's arguments read, or assign an attribute
+        they read (``args.cuda``), a part of one, or one inside it?"""
+        read = _read_chains(self.plan.accelerator_args())
+        for inner, _ in iter_statements(cst.IndentedBlock(body=[stmt])):
+            assign = simple_assign(inner)
+            for target in assign.targets if assign is not None else ():
+                if set(assigned_names(target.target)) & self.plan.argument_names:
+                    return True
+                if isinstance(target.target, cst.Attribute):
+                    chain = code_of(target.target)
+                    if any(r == chain or r.startswith(chain + ".") or chain.startswith(r + ".") for r in read):
+                        return True
+        return False
+
     def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
         """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""
         quiet = self.shared.quiet_uses
@@ -116,3 +143,20 @@ class AddAccelerator(AccelifyCodemod):
                 stmt, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))))
         name = self.plan.accelerator.split(".")[0]
         return any(n.value == name and id(n) not in quiet for n in read_names(stmt))
+
+
+def _read_chains(arguments: str) -> set[str]:
+    """The names and attribute chains read by ``Accelerator(<arguments>)``: ``args.cuda``."""
+    call = cst.parse_expression(f"f({arguments})")
+    chains: set[str] = set()
+
+    def collect(node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            chains.add(code_of(node))
+            return
+        for child in node.children:
+            collect(child)
+
+    for arg in call.args:  # type: ignore[attr-defined]
+        collect(arg.value)
+    return chains

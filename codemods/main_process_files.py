@@ -23,6 +23,9 @@ from .base import AccelifyCodemod
 WRITERS = TORCH_SAVE | frozenset({  # torch.save: what ACC009 does not save with `accelerator.save`
     "torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save", "numpy.savetxt", "numpy.savez",
     "numpy.savez_compressed",
+    # copies and moves of a file (`shutil.copyfile(last, best)` after a save): once, or N processes
+    # race on the same target (and the others may copy before the main process has written)
+    "shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move",
 })
 _MAKEDIRS = frozenset({"os.makedirs"})
 _MKDIR = frozenset({"os.makedirs", "os.mkdir"})

@@ -36,6 +36,20 @@ def test_a_bad_codemod_never_costs_the_file(monkeypatch, codemod, message) -> No
     assert result.output == TRAIN and not result.changed
 
 
+class _RaisesWithATree(AccelifyCodemod):
+    CODE = "ACC997"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        raise KeyError(node)  # what a lookup of a node that has no metadata raises
+
+
+def test_an_internal_error_is_one_short_line(monkeypatch) -> None:
+    monkeypatch.setattr(pipeline, "gather_codemods", lambda: (_RaisesWithATree,))
+    result = pipeline.convert_source(TRAIN, "train.py")
+    assert result.error is not None and result.error.startswith("train.py: internal error, file left unchanged: KeyError(")
+    assert "\n" not in result.error and len(result.error) < 300
+
+
 @pytest.mark.parametrize(
     "source, line",
     [("def f(:\n    pass\n", 1), ("x = 1\ny = (\n", 2), ("import torch\n\n\nclass A:\nreturn 1\n", 5)],
