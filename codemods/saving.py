@@ -88,10 +88,25 @@ class Saving(AccelifyCodemod):
                 dicts.extend(v for v in assigned_values(self, first) if isinstance(v, (cst.Dict, cst.Call)))
             elif isinstance(first, cst.Dict):
                 dicts.append(first)
+        # `{"net": net, "acc": acc}`: the model object itself, pickled: unwrapped too
+        self._whole_models = {
+            id(e.value) for d in dicts if isinstance(d, cst.Dict) for e in d.elements
+            if isinstance(e, cst.DictElement) and ref_of(self, e.value) in self.plan.flow["model"]
+        }
         return {
             id(c) for d in dicts for c in findall(d, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
             if ref_of(self, c.func.value) in self.plan.flow["model"]  # type: ignore[attr-defined]
         }
+
+    def leave_DictElement(self, original_node: cst.DictElement, updated_node: cst.DictElement) -> cst.DictElement:
+        if id(original_node.value) not in self._whole_models:
+            return updated_node
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            return updated_node
+        model = cst.Module(body=[]).code_for_node(updated_node.value)
+        self.change(original_node, f"checkpoint holds `{accelerator}.unwrap_model({model})`, not its wrapper")
+        return updated_node.with_changes(value=cst.parse_expression(f"{accelerator}.unwrap_model({model})"))
 
     def unwraps(self, call: cst.Call) -> bool:
         """Does this codemod save ``call`` (a ``model.state_dict()``) from the unwrapped model?"""
