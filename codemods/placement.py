@@ -335,7 +335,19 @@ class RemovePlacement(AccelifyCodemod):
             training_data = on_model or (root is not None and root.value in self._current_derived())
             if not training_data or not _DEVICE_LIKE.search(name) or name.endswith(".device"):
                 return
-            if key_at(self, call) != self.plan.setup:
+            chosen_outside = isinstance(first, cst.Name) and any(
+                classify_device(self, v) for v in assigned_values(self, first))
+            if chosen_outside:
+                # `device = torch.device(...)` at module level, read by the function that trains or a
+                # helper: the training device, chosen where the Accelerator cannot replace it.
+                self.refuse(
+                    call, "ACC108", f"`.to({name})`: `{name}` is a device chosen outside the function that trains "
+                    f"(`{self.plan.setup}`); left in place, after `prepare` every process would move the "
+                    f"{'model' if on_model else 'batches'} to that one device. File not converted.",
+                    f"build `{name}` in `{self.plan.setup}`, where the model and optimizer are built, and hand it "
+                    "on from there, or use `accelerator.device`.",
+                )
+            elif key_at(self, call) != self.plan.setup:
                 # A device handed in from elsewhere (`Trainer(..., gpu_id)` given a module-level
                 # `device = 0`): after `prepare` it would move the model or the batches off each
                 # process's own device.
@@ -345,16 +357,6 @@ class RemovePlacement(AccelifyCodemod):
                     "`prepare` every process would move them to that one device. File not converted.",
                     "build the device where the model and optimizer are built (`device = torch.device(\"cuda\" if "
                     "torch.cuda.is_available() else \"cpu\")`) and pass it on from there, or use `accelerator.device`.",
-                )
-            elif isinstance(first, cst.Name) and any(classify_device(self, v) for v in assigned_values(self, first)):
-                # `device = torch.device(...)` at module level, the training in `main()`: the
-                # training device, chosen where the Accelerator cannot replace it.
-                self.refuse(
-                    call, "ACC108", f"`.to({name})`: `{name}` is a device chosen outside the function that trains "
-                    f"(`{self.plan.setup}`); left in place, after `prepare` every process would move the "
-                    f"{'model' if on_model else 'batches'} to that one device. File not converted.",
-                    f"build `{name}` in `{self.plan.setup}`, where the model and optimizer are built, or use "
-                    "`accelerator.device`.",
                 )
             else:
                 self.finding(

@@ -252,8 +252,8 @@ MUTANTS = [
     Mutant(
         "module-device-kept", "batches placed on a module-level device in main() are left there: one device for all",
         "codemods/placement.py",
-        "            elif isinstance(first, cst.Name) and any(classify_device(self, v) for v in assigned_values(self, first)):\n",
-        "            elif False:\n",
+        "            if chosen_outside:\n",
+        "            if False:\n",
         tests=("tests/test_fixtures.py",),
     ),
     Mutant(
