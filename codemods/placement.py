@@ -336,7 +336,8 @@ class RemovePlacement(AccelifyCodemod):
             if not training_data or not _DEVICE_LIKE.search(name) or name.endswith(".device"):
                 return
             chosen_outside = isinstance(first, cst.Name) and any(
-                classify_device(self, v) for v in assigned_values(self, first))
+                (kind := classify_device(self, v)) is not None and kind.kind != "cpu"  # to the CPU: on purpose
+                for v in assigned_values(self, first))
             if chosen_outside:
                 # `device = torch.device(...)` at module level, read by the function that trains or a
                 # helper: the training device, chosen where the Accelerator cannot replace it.
