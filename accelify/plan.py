@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -21,17 +21,10 @@ import libcst.matchers as m
 from accelify import walk
 from accelify.walk import findall
 from libcst.helpers import get_full_name_for_node
-from libcst.metadata import (
-    Assignment,
-    GlobalScope,
-    MetadataWrapper,
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedNameProvider,
-    ScopeProvider,
-)
+from libcst.metadata import Assignment, MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
+from accelify.analyses.facts import KINDS, Facts, bind_arguments, chain_root, param_names  # noqa: F401 (codemods import bind_arguments from here)
 from accelify.analysis import (
     ACCELERATOR_CLASS,
     ACCELERATOR_SPELLINGS,
@@ -60,7 +53,6 @@ from accelify.analysis import (
     scope_root,
     simple_assign,
     string_value,
-    trainer_functions,
     trains,
     under_main_process_check,
 )
@@ -80,7 +72,6 @@ AUTOCASTS = frozenset(
 )
 _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
 _SCHEDULER_FACTORY = re.compile(r"(^|\.)get_\w*schedule\w*$")
-KINDS = ("loader", "model", "device")
 
 
 @dataclass
@@ -200,75 +191,14 @@ class Plan:
         return None
 
 
-Target = Union[cst.Name, cst.Attribute]
-
-
-class _Analyzer(cst.CSTVisitor):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider, ParentNodeProvider)
-
+class _Analyzer(Facts):
     def __init__(self) -> None:
         super().__init__()
         self.plan = Plan()
-        self.assigns: dict[Ref, list[cst.Assign]] = {}
-        self.assign_key: dict[int, Optional[str]] = {}  # id(assign) -> key of the function it is in
-        self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name
-        self.classes: dict[str, cst.ClassDef] = {}  # module-level classes by name
-        self.steps: list[cst.Call] = []
-        self.backwards: list[cst.Call] = []
-        self.calls: list[cst.Call] = []
-        self.loops: list[cst.For] = []
         self._scheduler_calls: list[cst.Call] = []  # constructions of the per-batch schedulers
-        self.whiles: list[cst.While] = []
-        self.exits: list[cst.CSTNode] = []  # break and return statements
-        self._is_script = False  # has an `if __name__ == "__main__":` block
-
-    # ------------------------------------------------------------------ collection
-    def finding(self, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
-        pos = self.get_metadata(PositionProvider, node).start
-        self.plan.findings.append(RawFinding(pos.line, pos.column + 1, code, message, suggestion))
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        self.assign_key[id(node)] = key_at(self, node)
-        for target in node.targets:
-            for element in _target_elements(target.target):
-                ref = ref_of(self, element)
-                if ref is not None:
-                    self.assigns.setdefault(ref, []).append(node)
-
-    def visit_If(self, node: cst.If) -> None:
-        guard = m.If(test=m.Comparison(left=m.Name("__name__"), comparisons=[m.ComparisonTarget(m.Equal())]))
-        if m.matches(node, guard) and isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
-            self._is_script = True
-
-    def visit_For(self, node: cst.For) -> None:
-        self.loops.append(node)
-
-    def visit_While(self, node: cst.While) -> None:
-        self.whiles.append(node)
-
-    def visit_Break(self, node: cst.Break) -> None:
-        self.exits.append(node)
-
-    def visit_Return(self, node: cst.Return) -> None:
-        self.exits.append(node)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
-            self.functions[node.name.value] = node
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
-            self.classes[node.name.value] = node
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if m.matches(node.func, m.Attribute(attr=m.Name("step"))):
-            self.steps.append(node)
-        if m.matches(node.func, m.Attribute(attr=m.Name("backward"))):
-            self.backwards.append(node)
-        self.calls.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        self._module = original_node
+        super().leave_Module(original_node)
         self._finish(original_node)  # metadata is only available during the visit
 
     # ------------------------------------------------------------------ classification
@@ -280,7 +210,7 @@ class _Analyzer(cst.CSTVisitor):
         found = [
             c.func.value  # type: ignore[union-attr]
             for arg in call.args
-            for value in (arg.value, *self._bound_values(arg.value))
+            for value in (arg.value, *self.bound_values(arg.value))
             for c in findall(
                 value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
             )
@@ -304,10 +234,6 @@ class _Analyzer(cst.CSTVisitor):
                 return ref
             expr = expr.value
 
-    def _bound_values(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
-        """The values a plain name is assigned in its scope (``params = [...]`` for ``Adam(params)``)."""
-        return assigned_values(self, expr) if isinstance(expr, cst.Name) else []
-
     def _is_scheduler(self, call: cst.Call, optimizers: set[Ref]) -> bool:
         names = qualified_names(self, call.func)
         if any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names):
@@ -324,15 +250,9 @@ class _Analyzer(cst.CSTVisitor):
                 return True
         return False
 
-    def _single_target(self, assign: cst.Assign) -> Optional[Ref]:
-        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, (cst.Name, cst.Attribute)):
-            return None
-        return ref_of(self, assign.targets[0].target)
-
     # ------------------------------------------------------------------ the plan
     def _finish(self, module: cst.Module) -> None:
         plan = self.plan
-        self._trainers = trainer_functions(module)
         optimizers: dict[Ref, tuple[cst.Assign, list[cst.BaseExpression]]] = {}
         for ref, assigns in self.assigns.items():
             for assign in assigns:
@@ -340,7 +260,7 @@ class _Analyzer(cst.CSTVisitor):
                 # `Adam(...) if fine_tune else None` is an optimizer too (that can be None)
                 calls = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
                 for call in calls:
-                    if isinstance(call, cst.Call) and self._single_target(assign) == ref:
+                    if isinstance(call, cst.Call) and self.single_target(assign) == ref:
                         models = self._optimizer_models(call)
                         if models is not None:
                             optimizers[ref] = (assign, models)
@@ -350,7 +270,7 @@ class _Analyzer(cst.CSTVisitor):
         own_group = next((c for c in self.calls if has_qname(self, c.func, _PROCESS_GROUP)), None)
         if own_group is not None and not plan.has_accelerator:
             self.finding(
-                own_group, "ACC126",
+                self.plan, own_group, "ACC126",
                 f"this script manages its own processes (`{code_of(own_group.func)}`): DistributedDataParallel, "
                 "process groups and per-rank devices are not converted yet, and half a conversion would wrap "
                 "the model twice. File not converted.",
@@ -360,25 +280,25 @@ class _Analyzer(cst.CSTVisitor):
             return
         owners = {ref[0] for ref in optimizers}
         setups = {self.assign_key[id(a)] for a, _ in optimizers.values()}
-        first = min((a for a, _ in optimizers.values()), key=self._line)
+        first = min((a for a, _ in optimizers.values()), key=self.line)
         if len(owners) != 1 or len(setups) != 1 or None in setups:
             self.finding(
-                first, "ACC107", "optimizers are built in more than one place; file not converted.",
+                self.plan, first, "ACC107", "optimizers are built in more than one place; file not converted.",
                 "build all training objects in one function and pass them through one `accelerator.prepare(...)`.",
             )
             return
         plan.owner, plan.setup = owners.pop(), setups.pop()  # type: ignore[assignment]
         cls, _, method = plan.setup.rpartition(".")
-        if cls in self.classes and method != "__init__" and method in self._trainers:
+        if cls in self.classes and method != "__init__" and method in self.trainers:
             why = self._method_setup(module, cls, method)
             if why is not None:
-                self.finding(first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`, and {why}; "
+                self.finding(self.plan, first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`, and {why}; "
                              "file not converted.", "build the model, optimizer and dataloaders in `__init__`, or "
                              f"call `{method}()` once.")
                 return
             plan.owner = cls
         elif plan.class_mode and not plan.setup.endswith(".__init__"):
-            self.finding(first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`; file not converted.",
+            self.finding(self.plan, first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`; file not converted.",
                          "build the model, optimizer and dataloaders in `__init__`.")
             return
         self._existing_accelerator()
@@ -387,8 +307,8 @@ class _Analyzer(cst.CSTVisitor):
 
         homes = {plan.owner, plan.setup} if plan.method_mode else {plan.owner}
         in_owner = {ref: assigns for ref, assigns in self.assigns.items() if ref[0] in homes}
-        plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: self._line(optimizers[r][0]))]
-        for assign, models in sorted(optimizers.values(), key=lambda v: self._line(v[0])):
+        plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: self.line(optimizers[r][0]))]
+        for assign, models in sorted(optimizers.values(), key=lambda v: self.line(v[0])):
             for model in models:
                 ref = self._model_ref(model)
                 if ref is None and self._unbound(model):
@@ -399,7 +319,7 @@ class _Analyzer(cst.CSTVisitor):
                             if code_of(model) == "self" else
                             f"the optimizer (built in `{plan.setup}`) trains `{code_of(model)}`, which lives in {where}")
                     self.finding(
-                        assign, "ACC107",
+                        self.plan, assign, "ACC107",
                         f"{what}: one `accelerator.prepare(...)` cannot take both, and an unprepared model would "
                         "train separately on every process. File not converted.",
                         "build the model and its optimizer in the same function (or both in `__init__`).",
@@ -412,7 +332,7 @@ class _Analyzer(cst.CSTVisitor):
                 value = assign.value
                 if m.matches(value, m.Name("None") | m.IfExp(body=m.Name("None")) | m.IfExp(orelse=m.Name("None"))):
                     self.finding(
-                        assign, "ACC104",
+                        self.plan, assign, "ACC104",
                         f"`{ref[1]}` can be None (`{_none_case(value)}`): the model it trains may then be frozen, and "
                         "a prepared model with nothing to train fails in a multi-process run (DDP); file not "
                         "converted.",
@@ -423,20 +343,20 @@ class _Analyzer(cst.CSTVisitor):
         loaders = [
             (ref, a) for ref, assigns in in_owner.items() for a in assigns
             if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, DATALOADERS)
-            and self._single_target(a) == ref
+            and self.single_target(a) == ref
         ]
         # `train_loader, test_loader = get_loaders(args)`: a helper of this file that returns DataLoaders
         loaders += [
             (ref, assigns[0]) for ref, assigns in in_owner.items()
             if assigns and all(self._helper_loader(a, ref) for a in assigns)
         ]
-        plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self._line(x[1])))
+        plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self.line(x[1])))
         if plan.method_mode:
             again = self._init_objects(plan.owner)
             if again is not None:
                 name = next(n for n in plan.core() if binds(cst.SimpleStatementLine([again]), {n}))
                 self.finding(
-                    again, "ACC104", f"`{name}` is bound in `{self.assign_key[id(again)]}`, which trains it, but "
+                    self.plan, again, "ACC104", f"`{name}` is bound in `{self.assign_key[id(again)]}`, which trains it, but "
                     f"prepared in `{plan.setup}`: the object bound there would train unprepared; file not "
                     "converted.",
                     f"bind `{name}` once in `__init__`, or load the new weights into it with `load_state_dict`.",
@@ -447,7 +367,7 @@ class _Analyzer(cst.CSTVisitor):
         factory = scope_root(module, plan.setup) if not plan.class_mode and plan.setup != MODULE else None
         if factory is not None and not plan.has_accelerator and self._returns_training_objects(factory):
             self.finding(
-                first, "ACC107", f"the optimizer is built in `{plan.setup}`, which returns the training objects: an "
+                self.plan, first, "ACC107", f"the optimizer is built in `{plan.setup}`, which returns the training objects: an "
                 "Accelerator created there would not reach the code that trains; file not converted.",
                 "create the Accelerator where the training loop runs and call `accelerator.prepare(...)` on what "
                 f"`{plan.setup}()` returns.",
@@ -459,14 +379,14 @@ class _Analyzer(cst.CSTVisitor):
         if (not plan.dataloaders and not plan.devices and not plan.has_accelerator and ".cuda(" not in module.code
                 and any(has_qname(self, c.func, _TENSOR_FACTORIES) for c in self.calls)):
             self.finding(
-                first, "ACC121", "the training data does not come from a DataLoader and the script places nothing on "
+                self.plan, first, "ACC121", "the training data does not come from a DataLoader and the script places nothing on "
                 "a device: `prepare` would move the model to the accelerator and leave the data on the CPU. "
                 "File not converted.",
                 "build the data with a `torch.utils.data.DataLoader` (prepare places its batches), or move the "
                 "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
             )
             return
-        self._anchor = min((self._line(a) for ref, assigns in in_owner.items()
+        self._anchor = min((self.line(a) for ref, assigns in in_owner.items()
                             if ref[1] in plan.devices or ref[1] in plan.core() for a in assigns), default=0)
         if not plan.devices and plan.cpu_flag is None:
             self._placement_flag()
@@ -478,15 +398,15 @@ class _Analyzer(cst.CSTVisitor):
             return
         if plan.has_prepare:  # converted code: a model bound again after training is still a plain one
             root = scope_root(module, plan.setup)
-            located = locate_setup(root, set(plan.anchors()), self._trainers) if root is not None else None
+            located = locate_setup(root, set(plan.anchors()), self.trainers) if root is not None else None
             if located is not None:
-                after = bound_again(located[0].body[located[1]:], set(plan.anchors()), self._trainers)
+                after = bound_again(located[0].body[located[1]:], set(plan.anchors()), self.trainers)
                 plan.rebound_models = [n for n in plan.models if any(binds(stmt, {n}) for stmt in after)]
         self._needs_accelerator()
         unreachable = self._backward_out_of_reach()
         if unreachable is not None:
             self.finding(
-                unreachable, "ACC106", "this backward cannot reach the script's Accelerator, and with a prepared "
+                self.plan, unreachable, "ACC106", "this backward cannot reach the script's Accelerator, and with a prepared "
                 "optimizer a plain backward is wrong under fp16, accumulation or DeepSpeed; file not converted.",
                 "pass the accelerator to this function and call `accelerator.backward(loss)`.",
             )
@@ -542,7 +462,7 @@ class _Analyzer(cst.CSTVisitor):
             assigns = self.assigns.get((cls, name), [])
             if any(self.assign_key[id(a)] == plan.setup for a in assigns):
                 continue
-            training = [a for a in assigns if (self.assign_key[id(a)] or "").rpartition(".")[2] in self._trainers]
+            training = [a for a in assigns if (self.assign_key[id(a)] or "").rpartition(".")[2] in self.trainers]
             if training:
                 return training[0]
             plan.built_in_init.append(name)
@@ -553,10 +473,10 @@ class _Analyzer(cst.CSTVisitor):
         is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
         backwards = [c for c in self.backwards if self._tensor_backward(c)
                      and code_of(c.func.value) not in ACCELERATOR_SPELLINGS]  # type: ignore[attr-defined]
-        if not backwards or self.plan.has_accelerator or findall(self._module, m.Name("Accelerator")):
+        if not backwards or self.plan.has_accelerator or findall(self.module, m.Name("Accelerator")):
             return
         self.finding(
-            backwards[0], "ACC125",
+            self.plan, backwards[0], "ACC125",
             "this file runs a backward pass, but builds no optimizer accelify recognises (a `torch.optim` class, or "
             "an optimizer over `model.parameters()`): the parameters are updated by hand, or by an optimizer "
             "made elsewhere. File not converted.",
@@ -573,7 +493,7 @@ class _Analyzer(cst.CSTVisitor):
         placements = [
             call for call in self.calls
             if m.matches(call.func, m.Attribute(attr=m.Name("cuda") | m.Name("to")))
-            and ref_of(self, _chain_root(call.func.value)) in self.plan.flow["model"]  # type: ignore[attr-defined]
+            and ref_of(self, chain_root(call.func.value)) in self.plan.flow["model"]  # type: ignore[attr-defined]
         ]
         tests = []
         for call in placements:
@@ -664,14 +584,14 @@ class _Analyzer(cst.CSTVisitor):
             )
             if taken:
                 self.finding(
-                    taken[0], "ACC100", f"the name `{wanted}` is already bound to something else; file not converted.",
+                    self.plan, taken[0], "ACC100", f"the name `{wanted}` is already bound to something else; file not converted.",
                     "rename that variable, then run accelify again.",
                 )
             elif not plan.class_mode:
                 other = self._bound_otherwise(wanted, setup)
                 if other is not None:  # `def accelerator()`, `from settings import accelerator`
                     self.finding(
-                        other, "ACC100", f"the name `{wanted}` is already bound to something else (a definition or an "
+                        self.plan, other, "ACC100", f"the name `{wanted}` is already bound to something else (a definition or an "
                         "import); the new `accelerator = Accelerator()` would take its place. File not converted.",
                         "rename it, then run accelify again.",
                     )
@@ -679,7 +599,7 @@ class _Analyzer(cst.CSTVisitor):
             other = self._bound_otherwise("Accelerator", None, allowed="accelerate")
             if other is not None:  # `from mylib import Accelerator`: it would win over (or lose to) accelerate's
                 self.finding(
-                    other, "ACC100", "the name `Accelerator` is already bound to something other than accelerate's "
+                    self.plan, other, "ACC100", "the name `Accelerator` is already bound to something other than accelerate's "
                     "class; the added `from accelerate import Accelerator` would clash with it. File not converted.",
                     "import it under another name (`from mylib import Accelerator as MyAccelerator`), then run "
                     "accelify again.",
@@ -688,7 +608,7 @@ class _Analyzer(cst.CSTVisitor):
     def _bound_otherwise(self, name: str, setup: Optional[cst.FunctionDef], allowed: str = "") -> Optional[cst.CSTNode]:
         """A definition or import binding ``name`` where the setup scope sees it (that scope or the module),
         other than an import from the module ``allowed``."""
-        scopes = [self.get_metadata(ScopeProvider, self._module, None)]
+        scopes = [self.get_metadata(ScopeProvider, self.module, None)]
         if setup is not None and isinstance(setup.body, cst.IndentedBlock) and setup.body.body:
             scopes.append(self.get_metadata(ScopeProvider, setup.body.body[0], None))
         for scope in scopes:
@@ -708,7 +628,7 @@ class _Analyzer(cst.CSTVisitor):
         """Classify the device variables of the setup scope; False when the file must stay as it is."""
         plan = self.plan
         for ref, assigns in in_owner.items():
-            kinds = [classify_device(self, a.value) for a in assigns if self._single_target(a) == ref]
+            kinds = [classify_device(self, a.value) for a in assigns if self.single_target(a) == ref]
             if not any(kinds):
                 continue
             name = ref[1]
@@ -718,7 +638,7 @@ class _Analyzer(cst.CSTVisitor):
                 if not why:
                     continue
             if len(assigns) != 1 or len(kinds) != 1 or kinds[0] is None:
-                self.finding(assigns[0], "ACC103", f"`{name}` {why}; file not converted.",
+                self.finding(self.plan, assigns[0], "ACC103", f"`{name}` {why}; file not converted.",
                              "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.")
                 return False
             kind, value = kinds[0], assigns[0].value
@@ -730,12 +650,12 @@ class _Analyzer(cst.CSTVisitor):
                 if flag is not None:
                     plan.cpu_flag = flag
             elif kind.kind == "cpu":
-                self.finding(assigns[0], "ACC102",
+                self.finding(self.plan, assigns[0], "ACC102",
                              f"`{name}` forces the CPU; converting would move training to the accelerator. File not converted.",
                              "use `Accelerator(cpu=True)` to keep training on the CPU.")
                 return False
             else:
-                self.finding(assigns[0], "ACC102",
+                self.finding(self.plan, assigns[0], "ACC102",
                              f"`{name}` is a {kind.detail}, not the automatic choice Accelerate makes. File not converted.",
                              "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.")
                 return False
@@ -810,7 +730,7 @@ class _Analyzer(cst.CSTVisitor):
         if not isinstance(root, cst.Name):
             return False
         here = self.get_metadata(ScopeProvider, at, None)
-        setup_root = scope_root(self._module, self.plan.setup)
+        setup_root = scope_root(self.module, self.plan.setup)
         if here is None or setup_root is None:
             return False
         first = setup_root.body[0] if isinstance(setup_root, cst.Module) else setup_root.body.body[0]
@@ -830,7 +750,7 @@ class _Analyzer(cst.CSTVisitor):
             return False
         if isinstance(assignment.node, cst.Param):
             return True
-        return self._line(assignment.node) < self._anchor
+        return self.line(assignment.node) < self._anchor
 
     def _use_argument(self, expr: cst.BaseExpression) -> str:
         """Record that the Accelerator reads ``expr`` (it is created after its names are bound)."""
@@ -857,16 +777,16 @@ class _Analyzer(cst.CSTVisitor):
         for ref, assigns in in_owner.items():
             for assign in assigns:
                 value = assign.value
-                if ref in optimizers or not isinstance(value, cst.Call) or self._single_target(assign) != ref:
+                if ref in optimizers or not isinstance(value, cst.Call) or self.single_target(assign) != ref:
                     continue
-                if isinstance(value.func, cst.Name) and value.func.value in self._trainers:
+                if isinstance(value.func, cst.Name) and value.func.value in self.trainers:
                     continue  # `loss = train(optimizer, model, loader)`: a function that trains wraps nothing
                 if self._takes_optimizer(value, set(optimizers)) and not self._is_scheduler(value, set(optimizers)):
                     if not m.matches(value.func, m.Attribute(attr=m.Name("prepare"))):
                         wrappers.append(assign)
         for assign in wrappers:
             self.finding(
-                assign, "ACC118", "an optimizer wrapper: `accelerator.prepare` only wraps `torch.optim.Optimizer` "
+                self.plan, assign, "ACC118", "an optimizer wrapper: `accelerator.prepare` only wraps `torch.optim.Optimizer` "
                 "instances, so this object steps an optimizer that knows nothing of gradient accumulation or "
                 "mixed precision.",
                 "prepare the inner `torch.optim` optimizer and build the wrapper on what `prepare` returns "
@@ -903,7 +823,7 @@ class _Analyzer(cst.CSTVisitor):
                     reason = "N is not known where the Accelerator is created"
             if reason is not None:
                 self.finding(
-                    loop, "ACC117", f"gradient accumulation done by hand is kept as it is: {reason}.",
+                    self.plan, loop, "ACC117", f"gradient accumulation done by hand is kept as it is: {reason}.",
                     "create `Accelerator(gradient_accumulation_steps=N)`, put the loop body under "
                     "`with accelerator.accumulate(model):`, drop the division by N and step when "
                     "`accelerator.sync_gradients` (every N batches and at the end of the dataloader).",
@@ -926,11 +846,11 @@ class _Analyzer(cst.CSTVisitor):
         if plan.has_prepare:
             return False
         plain = {
-            id(n) for stmt in plain_model_statements(self._module, plan, self._trainers)
+            id(n) for stmt in plain_model_statements(self.module, plan, self.trainers)
             for n in findall(stmt, m.Attribute())
         }
         reported: set[tuple[Optional[str], str, str]] = set()
-        for node in findall(self._module, m.Attribute()):
+        for node in findall(self.module, m.Attribute()):
             if id(node) in plain or not model_attribute(self, node, plan):  # type: ignore[arg-type]
                 continue
             why = why_not_unwrapped(self, node, plan)  # type: ignore[arg-type]
@@ -944,7 +864,7 @@ class _Analyzer(cst.CSTVisitor):
             reported.add((key, model, attr))
             accelerator = plan.accelerator_in(key) or plan.accelerator
             self.finding(
-                node, "ACC120",
+                self.plan, node, "ACC120",
                 f"`{model}.{attr}` is the model's own attribute, and {why}: in a multi-process run `prepare` "
                 "returns a DistributedDataParallel wrapper without it. File not converted.",
                 f"use `{accelerator}.unwrap_model({model}).{attr}` outside the training step (under "
@@ -965,13 +885,13 @@ class _Analyzer(cst.CSTVisitor):
         from accelify.early_stop import EarlyStops
 
         self.plan.findings.extend(
-            EarlyStops(self, self.plan, self._module, [*self.loops, *self.whiles], self.exits).findings()
+            EarlyStops(self, self.plan, self.module, [*self.loops, *self.whiles], self.exits).findings()
         )
         refused = self._wrapped_model_attributes()
         for call in self.calls:
             if has_qname(self, call.func, DISTRIBUTED_SAMPLERS):
                 self.finding(
-                    call, "ACC115", "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
+                    self.plan, call, "ACC115", "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
                     "drop the sampler (use `shuffle=True` on the DataLoader) and let `prepare` shard the data.",
                 )
             func = call.func
@@ -982,7 +902,7 @@ class _Analyzer(cst.CSTVisitor):
                 and under_main_process_check(self, call)
             ):
                 self.finding(
-                    call, "ACC116", f"`{func.attr.value}` is a collective: under a main-process check the other "
+                    self.plan, call, "ACC116", f"`{func.attr.value}` is a collective: under a main-process check the other "
                     "processes never reach it and the run hangs.",
                     "call it outside the `if accelerator.is_main_process:` block, on every process.",
                 )
@@ -1004,7 +924,7 @@ class _Analyzer(cst.CSTVisitor):
         anchor = scalers[0][1] if scalers else autocasts[0]
 
         def refuse(why: str) -> None:
-            self.finding(anchor, "ACC112", f"mixed precision left as it is: {why}.",
+            self.finding(self.plan, anchor, "ACC112", f"mixed precision left as it is: {why}.",
                          'create the Accelerator with `mixed_precision="fp16"` (or "bf16"), call '
                          "`accelerator.backward(loss)` and use `with accelerator.autocast():`.")
 
@@ -1139,12 +1059,12 @@ class _Analyzer(cst.CSTVisitor):
         calls: dict[str, list[tuple[cst.Call, dict[str, cst.BaseExpression]]]] = {}
         funcs: dict[str, cst.FunctionDef] = {}
         for name, func in self.functions.items():
-            sites = self._call_sites(name, func)
+            sites = self.call_sites(name, func)
             if sites:
                 calls[name], funcs[name] = sites, func
         for name in self.classes:
             init = self._constructor(name)
-            sites = self._call_sites(name, init, self.classes[name]) if init is not None else []
+            sites = self.call_sites(name, init, self.classes[name]) if init is not None else []
             if sites:  # `Trainer(model, loader, optimizer, device)`: the parameters of `Trainer.__init__`
                 calls[f"{name}.__init__"], funcs[f"{name}.__init__"] = sites, init  # type: ignore[assignment]
         changed = True
@@ -1161,36 +1081,11 @@ class _Analyzer(cst.CSTVisitor):
                             plan.flow[kind].add(ref)
                             changed = True
             changed |= self._attribute_flows()
-        if plan.setup != MODULE and not self._is_script:
+        if plan.setup != MODULE and not self.is_script:
             return  # a module others may import: its functions' signatures are not ours to change
         for key, param in sorted(plan.flow["device"]):
             if key in self.functions and param in param_names(self.functions[key]):
                 plan.device_params.setdefault(key, []).append(param)
-
-    def _call_sites(
-        self, name: str, func: cst.FunctionDef, cls: Optional[cst.ClassDef] = None
-    ) -> list[tuple[cst.Call, dict[str, cst.BaseExpression]]]:
-        """Every call of a module-level function (or of class ``cls``, whose ``__init__`` is
-        ``func``), with its arguments bound to parameter names.
-
-        Empty when the function escapes (is passed around, decorated) or a call uses ``*args``.
-        """
-        if func.decorators or (cls is not None and cls.decorators):
-            return []
-        scope = self.get_metadata(ScopeProvider, cls if cls is not None else func, None)
-        if scope is None:
-            return []
-        sites = []
-        for assignment in scope.assignments[name]:
-            for access in assignment.references:
-                call = self.get_metadata(ParentNodeProvider, access.node, None)
-                if not isinstance(call, cst.Call) or call.func is not access.node:
-                    return []
-                bound = bind_arguments(func, call, skip_self=cls is not None)
-                if bound is None:
-                    return []
-                sites.append((call, bound))
-        return sites
 
     def _constructor(self, name: str) -> Optional[cst.FunctionDef]:
         """The ``__init__`` of a plain module-level class (no bases but ``object``), if it has one."""
@@ -1211,8 +1106,8 @@ class _Analyzer(cst.CSTVisitor):
                 ref = (owner, name)
                 if ref in plan.flow[kind]:
                     continue
-                values = [_chain_root(a.value) if kind != "device" else a.value for a in assigns]
-                if all(self._single_target(a) == ref for a in assigns) and all(
+                values = [chain_root(a.value) if kind != "device" else a.value for a in assigns]
+                if all(self.single_target(a) == ref for a in assigns) and all(
                     ref_of(self, v) in plan.flow[kind] and ref_of(self, v)[0].startswith(owner + ".")  # type: ignore[index]
                     for v in values
                 ):
@@ -1251,7 +1146,7 @@ class _Analyzer(cst.CSTVisitor):
                 func = self.functions.get(name)
                 if func is None:
                     continue
-                for call, bound in self._call_sites(name, func):
+                for call, bound in self.call_sites(name, func):
                     caller = key_at(self, call)
                     if caller is None or caller in plan.needs_accelerator or plan.accelerator_in(caller) is not None:
                         continue
@@ -1293,23 +1188,23 @@ class _Analyzer(cst.CSTVisitor):
         the accelerator as the first argument of every construction, made where the Accelerator is
         visible, and keep it as ``self.accelerator``."""
         init = self._constructor(name)
-        if not self._is_script or init is None or init.params.posonly_params or self.plan.class_mode:
+        if not self.is_script or init is None or init.params.posonly_params or self.plan.class_mode:
             return False
         cls = self.classes[name]
         if "accelerator" in param_names(init) or findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))):
             return False
-        sites = self._call_sites(name, init, cls)
+        sites = self.call_sites(name, init, cls)
         return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) == "accelerator" for call, _ in sites)
 
     def _can_take_accelerator(self, name: str) -> bool:
         """A script's module-level helper can get a new first parameter ``accelerator`` when every
         call of it is plain (no ``*args``) and made where the Accelerator is visible."""
         func = self.functions.get(name)
-        if not self._is_script or func is None or func.params.posonly_params:
+        if not self.is_script or func is None or func.params.posonly_params:
             return False
         if "accelerator" in param_names(func) or findall(func.body, m.Name("accelerator")):
             return False
-        sites = self._call_sites(name, func)
+        sites = self.call_sites(name, func)
         return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) is not None for call, _ in sites)
 
     # ------------------------------------------------------------------ the data a backward trains on
@@ -1335,7 +1230,7 @@ class _Analyzer(cst.CSTVisitor):
                 if self._loader_like(loop.iter, set()):
                     what = code_of(peel_iterable(self, loop.iter))
                     self.finding(
-                        loop, "ACC123",
+                        self.plan, loop, "ACC123",
                         f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare (it is not "
                         "built where the model and optimizer are, nor returned there by a helper of this file that "
                         "builds it on every path): every process would train on all of it. "
@@ -1347,7 +1242,7 @@ class _Analyzer(cst.CSTVisitor):
             if not reported:
                 reported = True
                 self.finding(
-                    loops[0], "ACC124",
+                    self.plan, loops[0], "ACC124",
                     f"the training data (`{code_of(peel_iterable(self, loops[0].iter))}`) does not come from a "
                     "DataLoader: it is not sharded, every process trains on all of it (correct, but no faster).",
                     "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, or "
@@ -1363,7 +1258,7 @@ class _Analyzer(cst.CSTVisitor):
             return True
         if isinstance(expr, cst.Call) and depth < 4:
             return any(self._prepared_data(arg.value, depth + 1) for arg in expr.args[:1])
-        return depth < 4 and any(self._prepared_data(v, depth + 1) for v in self._bound_values(expr))
+        return depth < 4 and any(self._prepared_data(v, depth + 1) for v in self.bound_values(expr))
 
     def _loader_like(self, expr: cst.BaseExpression, seen: set[int]) -> bool:
         """Could ``expr`` hold a DataLoader: one built by the constructor, or returned by a function of
@@ -1389,7 +1284,7 @@ class _Analyzer(cst.CSTVisitor):
                 func = self.get_metadata(ParentNodeProvider, node, None)
                 while func is not None and not isinstance(func, cst.FunctionDef):
                     func = self.get_metadata(ParentNodeProvider, func, None)
-                sites = self._call_sites(func.name.value, func) if func is not None and self.functions.get(
+                sites = self.call_sites(func.name.value, func) if func is not None and self.functions.get(
                     func.name.value) is func else []
                 if sites:  # a module-level helper: what its calls pass
                     if any((arg := bound.get(node.name.value)) is not None and self._loader_like(arg, seen)
@@ -1415,14 +1310,14 @@ class _Analyzer(cst.CSTVisitor):
         found = []
         for ref, assigns in in_owner.items():
             for a in assigns:
-                if ref not in optimizers and isinstance(a.value, cst.Call) and self._single_target(a) == ref:
+                if ref not in optimizers and isinstance(a.value, cst.Call) and self.single_target(a) == ref:
                     if self._is_scheduler(a.value, optimizers):
                         found.append((ref, a))
-        for ref, assign in sorted(found, key=lambda x: self._line(x[1])):
+        for ref, assign in sorted(found, key=lambda x: self.line(x[1])):
             stepping = self._stepping(ref)
             if stepping == "mixed":
                 self.finding(
-                    assign, "ACC122",
+                    self.plan, assign, "ACC122",
                     f"`{ref[1]}` is stepped both once per batch and outside the loop over the dataloader: prepared, "
                     "its per-epoch steps would count once per process; not prepared, its per-batch steps would "
                     "count the shard's batches only. Its learning rates would differ from one process; file not "
@@ -1443,7 +1338,7 @@ class _Analyzer(cst.CSTVisitor):
         process. ACC113 when it cannot (bound under a condition, or code before it reads the loaders)."""
         plan = self.plan
         root = scope_root(module, plan.setup)
-        located = locate_setup(root, set(plan.anchors()), self._trainers) if root is not None else None
+        located = locate_setup(root, set(plan.anchors()), self.trainers) if root is not None else None
         if located is None:
             return
         block, index = located
@@ -1471,13 +1366,13 @@ class _Analyzer(cst.CSTVisitor):
                 continue
             at = next((i for i, stmt in enumerate(rest) if simple_assign(stmt) is assign), None)
             between = rest[:at] if at is not None else []
-            if at is not None and not any(trains(stmt, self._trainers, frozenset(plan.core())) for stmt in between) and not any(
+            if at is not None and not any(trains(stmt, self.trainers, frozenset(plan.core())) for stmt in between) and not any(
                 n.value in plan.dataloaders for stmt in between for n in read_names(stmt)
             ):
                 plan.sized_early.append(ref[1])
                 continue
             self.finding(
-                assign, "ACC113",
+                self.plan, assign, "ACC113",
                 "this scheduler steps once per batch of the prepared (sharded) dataloader, but is sized from "
                 "`len(dataloader)` taken before `prepare`: with N processes it decays N times too slowly.",
                 "compute the number of steps after `accelerator.prepare(...)`, from the prepared dataloader, or "
@@ -1510,10 +1405,10 @@ class _Analyzer(cst.CSTVisitor):
         names = plan.anchors()
         listed = ", ".join(plan.core())
         root = scope_root(module, plan.setup)
-        located = locate_setup(root, set(names), self._trainers) if root is not None else None
+        located = locate_setup(root, set(names), self.trainers) if root is not None else None
         if located is None:
             self.finding(
-                module.body[0] if root is None else root, "ACC104",
+                self.plan, module.body[0] if root is None else root, "ACC104",
                 "the dataloaders, models and optimizers are not built in one block; file not converted.",
                 f"build them in the same block, then call `{listed} = {plan.accelerator}.prepare({listed})` once.",
             )
@@ -1525,7 +1420,7 @@ class _Analyzer(cst.CSTVisitor):
                 handed = [a.value for a in call.args if ref_of(self, a.value) in core]  # type: ignore[attr-defined]
                 if call.func.value in self.classes and handed:  # type: ignore[attr-defined]
                     self.finding(
-                        call, "ACC104", f"`{code_of(call.func)}` is handed `{code_of(handed[0])}` before the "  # type: ignore[attr-defined]
+                        self.plan, call, "ACC104", f"`{code_of(call.func)}` is handed `{code_of(handed[0])}` before the "  # type: ignore[attr-defined]
                         "last training object is built, where `prepare` goes: it would keep the unprepared "
                         "object. File not converted.",
                         f"build every training object first, then `{code_of(call.func)}(...)` after "  # type: ignore[attr-defined]
@@ -1535,7 +1430,7 @@ class _Analyzer(cst.CSTVisitor):
         for name in names:
             if not _bound_on_all_paths(block.body[:index], name):
                 self.finding(
-                    next((st for st in block.body[:index] if binds(st, {name})), block.body[index - 1]), "ACC104",
+                    self.plan, next((st for st in block.body[:index] if binds(st, {name})), block.body[index - 1]), "ACC104",
                     f"`{name}` is bound only under a condition: `prepare` after it would read a name that may not "
                     "exist; file not converted.",
                     f"bind `{name}` on every path (`{name} = None` in the other branch is not enough: `prepare` "
@@ -1546,19 +1441,19 @@ class _Analyzer(cst.CSTVisitor):
         # that is a new one: a model re-created to reload a checkpoint and test it stays a plain
         # model on `accelerator.device`; anything else bound again, or training after it, would
         # run on unprepared objects.
-        after = bound_again(block.body[index:], set(names), self._trainers)
+        after = bound_again(block.body[index:], set(names), self.trainers)
         rebound = [n for n in names if any(binds(stmt, {n}) for stmt in after)]
         if not rebound:
             return True
         first = next(i for i, stmt in enumerate(after) if binds(stmt, set(rebound)))
-        training = next((stmt for stmt in after[first:] if trains(stmt, self._trainers, frozenset(names))), None)
+        training = next((stmt for stmt in after[first:] if trains(stmt, self.trainers, frozenset(names))), None)
         others = [n for n in rebound if n not in plan.models]
         if training is not None or others:
             what = ", ".join(others or rebound)
             where = training if training is not None and not others else after[first]
             self.finding(
-                where, "ACC104",
-                f"`{what}` is bound again after training starts (line {self._line(after[first])})"
+                self.plan, where, "ACC104",
+                f"`{what}` is bound again after training starts (line {self.line(after[first])})"
                 + (" and trained again after that" if training is not None and not others else "")
                 + ": one `prepare` cannot cover both objects, and the second would train unprepared; file not "
                 "converted.",
@@ -1573,8 +1468,6 @@ class _Analyzer(cst.CSTVisitor):
     def _has_prepare(self, module: cst.Module) -> bool:
         return f"{self.plan.accelerator}.prepare(" in module.code
 
-    def _line(self, node: cst.CSTNode) -> int:
-        return self.get_metadata(PositionProvider, node).start.line
 
 
 # Tensors a script makes by hand: on the CPU unless it says otherwise.
@@ -1638,13 +1531,6 @@ def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
     return False
 
 
-def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``model.cuda().half()`` -> ``model``; ``Net().cuda()`` -> ``Net()``."""
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-        expr = expr.func.value
-    return expr
-
-
 def _is_string(value: cst.BaseExpression) -> bool:
     """``"cuda"``, ``"cuda" if ... else "cpu"``, ``current_accelerator().type``: a device spelled as a string."""
     if isinstance(value, cst.IfExp):
@@ -1670,44 +1556,6 @@ def _scheduler_like(names: set[str]) -> bool:
     if any(_OPTIMIZER_NAME.search(n) or re.search(r"opt", n, re.I) for n in last):
         return False
     return any(_SCHEDULER_NAME.search(n) for n in last)
-
-
-def _target_elements(target: cst.BaseExpression) -> list[cst.BaseExpression]:
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [e for el in target.elements for e in _target_elements(el.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_elements(target.value)
-    return [target]
-
-
-def param_names(func: cst.FunctionDef) -> list[str]:
-    p = func.params
-    return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
-
-
-def bind_arguments(
-    func: cst.FunctionDef, call: cst.Call, skip_self: bool = False
-) -> Optional[dict[str, cst.BaseExpression]]:
-    """Map a call's arguments to parameter names; ``None`` for ``*args``/``**kwargs`` calls.
-    ``skip_self``: ``func`` is the ``__init__`` a class call runs."""
-    p = func.params
-    positional = [x.name.value for x in (*p.posonly_params, *p.params)][1 if skip_self else 0:]
-    keyword = {x.name.value for x in (*p.params, *p.kwonly_params)}
-    bound: dict[str, cst.BaseExpression] = {}
-    index = 0
-    for arg in call.args:
-        if arg.star:
-            return None
-        if arg.keyword is None:
-            if index >= len(positional):
-                return None
-            bound[positional[index]] = arg.value
-            index += 1
-        elif arg.keyword.value in keyword:
-            bound[arg.keyword.value] = arg.value
-        else:
-            return None
-    return bound
 
 
 def _negate(test: cst.BaseExpression) -> str:
