@@ -11,7 +11,6 @@ rewrite the tree pass after pass.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -24,13 +23,14 @@ from libcst.helpers import get_full_name_for_node
 from libcst.metadata import Assignment, MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
+from accelify.analyses import objects
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, chain_root, param_names  # noqa: F401 (codemods import bind_arguments from here)
+from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
     ACCELERATOR_CLASS,
     ACCELERATOR_SPELLINGS,
     BACKWARD,
     TORCH_SAVE,
-    assigned_values,
     bound_again,
     DATALOADERS,
     MODULE,
@@ -47,7 +47,6 @@ from accelify.analysis import (
     read_names,
     receiver_refs,
     ref_of,
-    root_name,
     assigned_names,
     scope_key,
     scope_root,
@@ -57,7 +56,6 @@ from accelify.analysis import (
     under_main_process_check,
 )
 
-TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
 GRAD_SCALERS = frozenset(
     {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
      "torch.amp.grad_scaler.GradScaler"}
@@ -70,8 +68,6 @@ AUTOCASTS = frozenset(
     {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast",
      "torch.cuda.amp.autocast_mode.autocast"}
 )
-_OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
-_SCHEDULER_FACTORY = re.compile(r"(^|\.)get_\w*schedule\w*$")
 
 
 @dataclass
@@ -201,69 +197,10 @@ class _Analyzer(Facts):
         super().leave_Module(original_node)
         self._finish(original_node)  # metadata is only available during the visit
 
-    # ------------------------------------------------------------------ classification
-    def _optimizer_models(self, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
-        """The models an optimizer construction trains, or ``None`` if ``call`` is no optimizer."""
-        names = qualified_names(self, call.func)
-        if not names or any(n.startswith(TORCH_SCHEDULER_PREFIX) or n.startswith("builtins.") for n in names):
-            return None
-        found = [
-            c.func.value  # type: ignore[union-attr]
-            for arg in call.args
-            for value in (arg.value, *self.bound_values(arg.value))
-            for c in findall(
-                value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
-            )
-        ]
-        is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
-        looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
-        if (is_torch_optim or looks_like_optim) and found:
-            return found
-        return [] if is_torch_optim else None
-
-    def _unbound(self, expr: cst.BaseExpression) -> bool:
-        root = root_name(expr)
-        scope = self.get_metadata(ScopeProvider, root, None) if root is not None else None
-        return root is not None and root.value != "self" and scope is not None and not scope[root.value]
-
-    def _model_ref(self, expr: cst.BaseExpression) -> Optional[Ref]:
-        """The model an optimizer trains: ``model`` for ``model.fc.parameters()`` too."""
-        while True:
-            ref = ref_of(self, expr)
-            if ref is not None or not isinstance(expr, cst.Attribute):
-                return ref
-            expr = expr.value
-
-    def _is_scheduler(self, call: cst.Call, optimizers: set[Ref]) -> bool:
-        names = qualified_names(self, call.func)
-        if any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names):
-            return True
-        return self._takes_optimizer(call, optimizers) and _scheduler_like(names)
-
-    def _takes_optimizer(self, call: cst.Call, optimizers: set[Ref]) -> bool:
-        """``Thing(optimizer, ...)`` / ``Thing(optimizer=optimizer)``: a scheduler or an optimizer wrapper."""
-        for i, arg in enumerate(call.args):
-            positional_first = i == 0 and arg.keyword is None
-            if (positional_first or (arg.keyword is not None and arg.keyword.value == "optimizer")) and ref_of(
-                self, arg.value
-            ) in optimizers:
-                return True
-        return False
-
     # ------------------------------------------------------------------ the plan
     def _finish(self, module: cst.Module) -> None:
         plan = self.plan
-        optimizers: dict[Ref, tuple[cst.Assign, list[cst.BaseExpression]]] = {}
-        for ref, assigns in self.assigns.items():
-            for assign in assigns:
-                value = assign.value
-                # `Adam(...) if fine_tune else None` is an optimizer too (that can be None)
-                calls = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
-                for call in calls:
-                    if isinstance(call, cst.Call) and self.single_target(assign) == ref:
-                        models = self._optimizer_models(call)
-                        if models is not None:
-                            optimizers[ref] = (assign, models)
+        optimizers = objects.optimizers(self)
         if not optimizers:
             self._untrained_backward()
             return
@@ -305,52 +242,9 @@ class _Analyzer(Facts):
         if any(f.code == "ACC100" for f in plan.findings):
             return
 
-        homes = {plan.owner, plan.setup} if plan.method_mode else {plan.owner}
-        in_owner = {ref: assigns for ref, assigns in self.assigns.items() if ref[0] in homes}
-        plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: self.line(optimizers[r][0]))]
-        for assign, models in sorted(optimizers.values(), key=lambda v: self.line(v[0])):
-            for model in models:
-                ref = self._model_ref(model)
-                if ref is None and self._unbound(model):
-                    continue  # a fragment (a docstring example) or a star import: nothing to prepare
-                if ref is None or ref[0] not in homes:
-                    where = f"`{ref[0]}`" if ref is not None else "another scope"
-                    what = (f"the optimizer is built inside the model's own class (`{plan.setup}` trains `self`)"
-                            if code_of(model) == "self" else
-                            f"the optimizer (built in `{plan.setup}`) trains `{code_of(model)}`, which lives in {where}")
-                    self.finding(
-                        self.plan, assign, "ACC107",
-                        f"{what}: one `accelerator.prepare(...)` cannot take both, and an unprepared model would "
-                        "train separately on every process. File not converted.",
-                        "build the model and its optimizer in the same function (or both in `__init__`).",
-                    )
-                    return
-                if ref[1] not in plan.models:
-                    plan.models.append(ref[1])
-        for ref in optimizers:
-            for assign in in_owner.get(ref, []):
-                value = assign.value
-                if m.matches(value, m.Name("None") | m.IfExp(body=m.Name("None")) | m.IfExp(orelse=m.Name("None"))):
-                    self.finding(
-                        self.plan, assign, "ACC104",
-                        f"`{ref[1]}` can be None (`{_none_case(value)}`): the model it trains may then be frozen, and "
-                        "a prepared model with nothing to train fails in a multi-process run (DDP); file not "
-                        "converted.",
-                        "prepare the model and its optimizer only when it trains (inside the `if`), and move the "
-                        "frozen model with `.to(accelerator.device)` otherwise.",
-                    )
-                    return
-        loaders = [
-            (ref, a) for ref, assigns in in_owner.items() for a in assigns
-            if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, DATALOADERS)
-            and self.single_target(a) == ref
-        ]
-        # `train_loader, test_loader = get_loaders(args)`: a helper of this file that returns DataLoaders
-        loaders += [
-            (ref, assigns[0]) for ref, assigns in in_owner.items()
-            if assigns and all(self._helper_loader(a, ref) for a in assigns)
-        ]
-        plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: self.line(x[1])))
+        in_owner = objects.setup_assigns(self, plan)
+        if not objects.training_objects(self, plan, optimizers, in_owner):
+            return
         if plan.method_mode:
             again = self._init_objects(plan.owner)
             if again is not None:
@@ -413,7 +307,7 @@ class _Analyzer(Facts):
             return
         if not self._training_data():
             return
-        self._wrapped = self._optimizer_wrappers(in_owner, optimizers)
+        self._wrapped = objects.optimizer_wrappers(self, plan, in_owner, optimizers)
         self._mixed_precision(module, in_owner)
         self._accumulation(module)
         if not self._multi_process_hazards():
@@ -513,45 +407,6 @@ class _Analyzer(Facts):
             return
         self.plan.cpu_flag = _negate(test)
         self._use_argument(test)
-
-    def _helper_loader(self, assign: cst.Assign, ref: Ref) -> bool:
-        """``loader = get_loader(...)`` / ``train, test = get_loaders(...)``: the value at ``ref``'s place
-        is a DataLoader that a module-level function of this file builds and returns, on every return."""
-        value = assign.value
-        if len(assign.targets) != 1 or not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
-            return False
-        func = self.functions.get(value.func.value)
-        if func is None or ref_of(self, value.func) != (MODULE, value.func.value):
-            return False
-        target = assign.targets[0].target
-        if isinstance(target, (cst.Tuple, cst.List)):
-            names = [e.value for e in target.elements]
-            index = next((i for i, n in enumerate(names) if ref_of(self, n) == ref), None)
-            if index is None or any(isinstance(e, cst.StarredElement) for e in target.elements):
-                return False
-        elif ref_of(self, target) == ref:
-            names, index = [target], None
-        else:
-            return False
-        returns = [r for r in findall(func.body, m.Return()) if key_at(self, r) == func.name.value]
-        if not returns:
-            return False
-        for ret in returns:
-            returned = ret.value  # type: ignore[attr-defined]
-            if index is not None:
-                if not isinstance(returned, cst.Tuple) or len(returned.elements) != len(names):
-                    return False
-                returned = returned.elements[index].value
-            if returned is None or not self._built_loader(returned):
-                return False
-        return True
-
-    def _built_loader(self, expr: cst.BaseExpression) -> bool:
-        """``DataLoader(...)``, or a name bound only to ``DataLoader(...)`` where it is read."""
-        if isinstance(expr, cst.Call):
-            return has_qname(self, expr.func, DATALOADERS)
-        values = assigned_values(self, expr) if isinstance(expr, cst.Name) else []
-        return bool(values) and all(isinstance(v, cst.Call) and has_qname(self, v.func, DATALOADERS) for v in values)
 
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
@@ -757,43 +612,6 @@ class _Analyzer(Facts):
         self.plan.argument_names |= {n.value for n in read_names(expr)}
         return code_of(expr)
 
-    def _optimizer_wrappers(self, in_owner: dict[Ref, list[cst.Assign]], optimizers: dict) -> bool:
-        """ACC118: an object that wraps the optimizer and steps it itself (Lookahead, ScheduledOptim).
-
-        ``accelerator.prepare`` only wraps ``torch.optim.Optimizer`` instances, so such a
-        wrapper steps an optimizer that knows nothing of gradient accumulation or of the
-        Accelerator's loss scaling: those two rewrites are refused where one exists.
-        """
-        wrappers = []
-        for ref, (assign, _) in optimizers.items():
-            call = assign.value
-            names = qualified_names(self, call.func)  # type: ignore[attr-defined]
-            if any(n.startswith("torch.optim.") for n in names):
-                continue
-            inner = [c for arg in call.args for c in findall(arg.value, m.Call())  # type: ignore[attr-defined]
-                     if any(n.startswith("torch.optim.") for n in qualified_names(self, c.func))]  # type: ignore[attr-defined]
-            if inner:
-                wrappers.append(assign)
-        for ref, assigns in in_owner.items():
-            for assign in assigns:
-                value = assign.value
-                if ref in optimizers or not isinstance(value, cst.Call) or self.single_target(assign) != ref:
-                    continue
-                if isinstance(value.func, cst.Name) and value.func.value in self.trainers:
-                    continue  # `loss = train(optimizer, model, loader)`: a function that trains wraps nothing
-                if self._takes_optimizer(value, set(optimizers)) and not self._is_scheduler(value, set(optimizers)):
-                    if not m.matches(value.func, m.Attribute(attr=m.Name("prepare"))):
-                        wrappers.append(assign)
-        for assign in wrappers:
-            self.finding(
-                self.plan, assign, "ACC118", "an optimizer wrapper: `accelerator.prepare` only wraps `torch.optim.Optimizer` "
-                "instances, so this object steps an optimizer that knows nothing of gradient accumulation or "
-                "mixed precision.",
-                "prepare the inner `torch.optim` optimizer and build the wrapper on what `prepare` returns "
-                "(or make the wrapper a `torch.optim.Optimizer` subclass).",
-            )
-        return bool(wrappers)
-
     # ------------------------------------------------------------------ gradient accumulation
     def _accumulation(self, module: cst.Module) -> None:
         """Replace a hand-written accumulation by Accelerate's when the update is provably the same (ACC117 else)."""
@@ -877,7 +695,7 @@ class _Analyzer(Facts):
         names = qualified_names(self, call.func)
         if any(n.endswith("OneCycleLR") for n in names):
             return False
-        return any(n.startswith(TORCH_SCHEDULER_PREFIX) or _SCHEDULER_FACTORY.search(n) for n in names)
+        return any(n.startswith(objects.TORCH_SCHEDULER_PREFIX) or objects.SCHEDULER_FACTORY.search(n) for n in names)
 
     # ------------------------------------------------------------------ hazards left for a human
     def _multi_process_hazards(self) -> bool:
@@ -1311,7 +1129,7 @@ class _Analyzer(Facts):
         for ref, assigns in in_owner.items():
             for a in assigns:
                 if ref not in optimizers and isinstance(a.value, cst.Call) and self.single_target(a) == ref:
-                    if self._is_scheduler(a.value, optimizers):
+                    if objects.is_scheduler(self, a.value, optimizers):
                         found.append((ref, a))
         for ref, assign in sorted(found, key=lambda x: self.line(x[1])):
             stepping = self._stepping(ref)
@@ -1477,7 +1295,6 @@ _TENSOR_FACTORIES = frozenset(
         "full", "arange", "linspace", "stack", "cat",
     )
 )
-_SCHEDULER_NAME = re.compile(r"sched|lr|warmup|decay|anneal|cycl|plateau", re.I)
 
 
 # What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
@@ -1501,15 +1318,6 @@ _PROCESS_GROUP = frozenset(
      "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
      "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
 )
-
-
-def _none_case(value: cst.BaseExpression) -> str:
-    """``... if flag else None`` for a conditional optimizer, in one short line."""
-    if isinstance(value, cst.IfExp):
-        body = "None" if m.matches(value.body, m.Name("None")) else "..."
-        orelse = "None" if m.matches(value.orelse, m.Name("None")) else "..."
-        return f"{body} if {code_of(value.test)} else {orelse}"
-    return code_of(value)
 
 
 def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
@@ -1549,15 +1357,6 @@ def _switch(value: cst.BaseExpression):
     return value
 
 
-def _scheduler_like(names: set[str]) -> bool:
-    """A home-made class that takes the optimizer: a scheduler by its name, unless it is named an
-    optimizer (``ScheduledOptim``, ``NoamOpt`` wrap the optimizer and step it themselves)."""
-    last = [n.rsplit(".", 1)[-1] for n in names]
-    if any(_OPTIMIZER_NAME.search(n) or re.search(r"opt", n, re.I) for n in last):
-        return False
-    return any(_SCHEDULER_NAME.search(n) for n in last)
-
-
 def _negate(test: cst.BaseExpression) -> str:
     code = cst.Module(body=[]).code_for_node(test)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
@@ -1574,14 +1373,6 @@ def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optio
     if isinstance(value, cst.IfExp) and not is_availability_check(visitor, value.test):
         return _negate(value.test)
     return None
-
-
-def _unique(items) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        if item not in out:
-            out.append(item)
-    return out
 
 
 def analyze(wrapper: MetadataWrapper) -> Plan:
