@@ -19,15 +19,13 @@ import libcst.matchers as m
 
 from accelify import walk
 from accelify.walk import findall
-from libcst.helpers import get_full_name_for_node
-from libcst.metadata import Assignment, MetadataWrapper, ParentNodeProvider, ScopeProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import objects
+from accelify.analyses import accelerator, objects
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, chain_root, param_names  # noqa: F401 (codemods import bind_arguments from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
-    ACCELERATOR_CLASS,
     ACCELERATOR_SPELLINGS,
     BACKWARD,
     TORCH_SAVE,
@@ -238,7 +236,7 @@ class _Analyzer(Facts):
             self.finding(self.plan, first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`; file not converted.",
                          "build the model, optimizer and dataloaders in `__init__`.")
             return
-        self._existing_accelerator()
+        accelerator.existing(self, plan)
         if any(f.code == "ACC100" for f in plan.findings):
             return
 
@@ -280,8 +278,7 @@ class _Analyzer(Facts):
                 "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
             )
             return
-        self._anchor = min((self.line(a) for ref, assigns in in_owner.items()
-                            if ref[1] in plan.devices or ref[1] in plan.core() for a in assigns), default=0)
+        self._arguments = accelerator.Arguments(self, plan, in_owner)
         if not plan.devices and plan.cpu_flag is None:
             self._placement_flag()
         self._helpers()
@@ -403,10 +400,10 @@ class _Analyzer(Facts):
         if is_availability_check(self, test) or findall(test, m.Call()):
             return
         roots = read_names(test)
-        if not roots or not all(self._available_at_setup(n, n) for n in roots):  # type: ignore[arg-type]
+        if not roots or not all(self._arguments.available(n, n) for n in roots):  # type: ignore[arg-type]
             return
         self.plan.cpu_flag = _negate(test)
-        self._use_argument(test)
+        self._arguments.use(test)
 
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
@@ -419,65 +416,6 @@ class _Analyzer(Facts):
             if any(ref_of(self, node) in core for node in findall(ret.value, m.Name())):  # type: ignore[attr-defined]
                 return True
         return False
-
-    def _existing_accelerator(self) -> None:
-        plan = self.plan
-        for ref, assigns in self.assigns.items():
-            for assign in assigns:
-                if isinstance(assign.value, cst.Call) and has_qname(self, assign.value.func, ACCELERATOR_CLASS):
-                    if ref[0] == plan.owner:
-                        plan.accelerator, plan.has_accelerator = ref[1], True
-        wanted = "self.accelerator" if plan.class_mode else "accelerator"
-        setup = self.functions.get(plan.setup) if plan.setup != MODULE else None
-        if not plan.has_accelerator and setup is not None and "accelerator" in param_names(setup):
-            # The setup function is handed an Accelerator by its caller: use that one.
-            plan.accelerator, plan.has_accelerator = "accelerator", True
-        if not plan.has_accelerator:
-            plan.accelerator = wanted
-            taken = self.assigns.get((plan.owner, wanted)) or (
-                self.assigns.get((MODULE, wanted)) if plan.owner != MODULE else None
-            )
-            if taken:
-                self.finding(
-                    self.plan, taken[0], "ACC100", f"the name `{wanted}` is already bound to something else; file not converted.",
-                    "rename that variable, then run accelify again.",
-                )
-            elif not plan.class_mode:
-                other = self._bound_otherwise(wanted, setup)
-                if other is not None:  # `def accelerator()`, `from settings import accelerator`
-                    self.finding(
-                        self.plan, other, "ACC100", f"the name `{wanted}` is already bound to something else (a definition or an "
-                        "import); the new `accelerator = Accelerator()` would take its place. File not converted.",
-                        "rename it, then run accelify again.",
-                    )
-        if not plan.has_accelerator:
-            other = self._bound_otherwise("Accelerator", None, allowed="accelerate")
-            if other is not None:  # `from mylib import Accelerator`: it would win over (or lose to) accelerate's
-                self.finding(
-                    self.plan, other, "ACC100", "the name `Accelerator` is already bound to something other than accelerate's "
-                    "class; the added `from accelerate import Accelerator` would clash with it. File not converted.",
-                    "import it under another name (`from mylib import Accelerator as MyAccelerator`), then run "
-                    "accelify again.",
-                )
-
-    def _bound_otherwise(self, name: str, setup: Optional[cst.FunctionDef], allowed: str = "") -> Optional[cst.CSTNode]:
-        """A definition or import binding ``name`` where the setup scope sees it (that scope or the module),
-        other than an import from the module ``allowed``."""
-        scopes = [self.get_metadata(ScopeProvider, self.module, None)]
-        if setup is not None and isinstance(setup.body, cst.IndentedBlock) and setup.body.body:
-            scopes.append(self.get_metadata(ScopeProvider, setup.body.body[0], None))
-        for scope in scopes:
-            if scope is None:
-                continue
-            for assignment in scope.assignments[name]:
-                node = getattr(assignment, "node", None)
-                if isinstance(node, cst.ImportFrom) and allowed and node.module is not None and (
-                    get_full_name_for_node(node.module) or ""
-                ).split(".")[0] == allowed:
-                    continue
-                if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Import, cst.ImportFrom)):
-                    return node
-        return None
 
     def _devices(self, in_owner: dict[Ref, list[cst.Assign]]) -> bool:
         """Classify the device variables of the setup scope; False when the file must stay as it is."""
@@ -569,49 +507,6 @@ class _Analyzer(Facts):
                 return node
         return None
 
-    # ------------------------------------------------------------------ the Accelerator's arguments
-    def _available_at_setup(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        """Can the Accelerator, created in the setup scope before the device and the training
-        objects, evaluate ``expr`` (written at ``at``) and get the same value?
-
-        Literals, and names (or ``name.attr``) bound once: a parameter of the setup function, a
-        module-level name, or a setup-scope name bound before the first device or training object.
-        """
-        if isinstance(expr, cst.Integer):
-            return True
-        root = expr
-        while isinstance(root, cst.Attribute):
-            root = root.value
-        if not isinstance(root, cst.Name):
-            return False
-        here = self.get_metadata(ScopeProvider, at, None)
-        setup_root = scope_root(self.module, self.plan.setup)
-        if here is None or setup_root is None:
-            return False
-        first = setup_root.body[0] if isinstance(setup_root, cst.Module) else setup_root.body.body[0]
-        there = self.get_metadata(ScopeProvider, first, None)
-        if there is None:
-            return False
-        found, seen = here[root.value], there[root.value]
-        if len(found) != 1 or found != seen:
-            return False
-        assignment = next(iter(found))
-        if not isinstance(assignment, Assignment):
-            return False
-        key = scope_key(assignment.scope)
-        if key == MODULE and self.plan.setup != MODULE:
-            return True
-        if key != self.plan.setup:
-            return False
-        if isinstance(assignment.node, cst.Param):
-            return True
-        return self.line(assignment.node) < self._anchor
-
-    def _use_argument(self, expr: cst.BaseExpression) -> str:
-        """Record that the Accelerator reads ``expr`` (it is created after its names are bound)."""
-        self.plan.argument_names |= {n.value for n in read_names(expr)}
-        return code_of(expr)
-
     # ------------------------------------------------------------------ gradient accumulation
     def _accumulation(self, module: cst.Module) -> None:
         """Replace a hand-written accumulation by Accelerate's when the update is provably the same (ACC117 else)."""
@@ -637,7 +532,7 @@ class _Analyzer(Facts):
                     reason = "the file calls `.backward()` more than once, and the Accelerator divides every loss"
                 elif plan.accelerator_in(key_at(self, loop)) is None:
                     reason = "this loop cannot reach the Accelerator"
-                elif not self._available_at_setup(found.steps, found.steps):  # type: ignore[union-attr]
+                elif not self._arguments.available(found.steps, found.steps):  # type: ignore[union-attr]
                     reason = "N is not known where the Accelerator is created"
             if reason is not None:
                 self.finding(
@@ -647,7 +542,7 @@ class _Analyzer(Facts):
                     "`accelerator.sync_gradients` (every N batches and at the end of the dataloader).",
                 )
                 continue
-            plan.accumulation_steps = self._use_argument(found.steps)  # type: ignore[union-attr]
+            plan.accumulation_steps = self._arguments.use(found.steps)  # type: ignore[union-attr]
 
     def _wrapped_model_attributes(self) -> bool:
         """ACC120: ``model.generate(...)``, ``model.config`` on a prepared model.
@@ -780,9 +675,9 @@ class _Analyzer(Facts):
         precision = f'"{precisions.pop()}"'
         flag = switches[0][0]
         if flag is not None:
-            if not all(self._available_at_setup(f, at) for f, at in switches):  # type: ignore[arg-type]
+            if not all(self._arguments.available(f, at) for f, at in switches):  # type: ignore[arg-type]
                 return refuse("the `enabled=` flag is not known where the Accelerator is created")
-            text = self._use_argument(flag)
+            text = self._arguments.use(flag)
             if not isinstance(flag, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
                 text = f"({text})"
             precision = f'{precision} if {text} else "no"'
