@@ -22,7 +22,7 @@ from accelify.walk import findall
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import accelerator, objects
+from accelify.analyses import accelerator, devices, objects
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, chain_root, param_names  # noqa: F401 (codemods import bind_arguments from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
@@ -34,9 +34,7 @@ from accelify.analysis import (
     MODULE,
     RawFinding,
     Ref,
-    classify_device,
     has_qname,
-    is_availability_check,
     key_at,
     locate_setup,
     binds,
@@ -265,7 +263,7 @@ class _Analyzer(Facts):
                 f"`{plan.setup}()` returns.",
             )
             return
-        if not self._devices(in_owner):
+        if not devices.classify(self, plan, in_owner):
             return
         plan.flow["device"] = plan.refs(sorted(plan.devices))
         if (not plan.dataloaders and not plan.devices and not plan.has_accelerator and ".cuda(" not in module.code
@@ -280,7 +278,7 @@ class _Analyzer(Facts):
             return
         self._arguments = accelerator.Arguments(self, plan, in_owner)
         if not plan.devices and plan.cpu_flag is None:
-            self._placement_flag()
+            devices.placement_flag(self, plan, self._arguments)
         self._helpers()
         if not self._schedulers(module, in_owner, set(optimizers)):
             return
@@ -375,36 +373,6 @@ class _Analyzer(Facts):
             "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
         )
 
-    def _placement_flag(self) -> None:
-        """``if args.cuda: model = model.cuda()``: the flag still decides, as ``Accelerator(cpu=not args.cuda)``.
-
-        Only when every placement of a trained model sits under one same test that is not
-        an availability check, and the Accelerator can read that test where it is created.
-        """
-        placements = [
-            call for call in self.calls
-            if m.matches(call.func, m.Attribute(attr=m.Name("cuda") | m.Name("to")))
-            and ref_of(self, chain_root(call.func.value)) in self.plan.flow["model"]  # type: ignore[attr-defined]
-        ]
-        tests = []
-        for call in placements:
-            parent = self.get_metadata(ParentNodeProvider, call, None)
-            while parent is not None and not isinstance(parent, (cst.If, cst.FunctionDef, cst.Module)):
-                parent = self.get_metadata(ParentNodeProvider, parent, None)
-            if not isinstance(parent, cst.If) or call in findall(parent.test, m.Call()):
-                return
-            tests.append(parent.test)
-        if not tests or len({"".join(code_of(t).split()) for t in tests}) != 1:
-            return
-        test = tests[0]
-        if is_availability_check(self, test) or findall(test, m.Call()):
-            return
-        roots = read_names(test)
-        if not roots or not all(self._arguments.available(n, n) for n in roots):  # type: ignore[arg-type]
-            return
-        self.plan.cpu_flag = _negate(test)
-        self._arguments.use(test)
-
     def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
         """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
         core = self.plan.refs(self.plan.core())
@@ -416,96 +384,6 @@ class _Analyzer(Facts):
             if any(ref_of(self, node) in core for node in findall(ret.value, m.Name())):  # type: ignore[attr-defined]
                 return True
         return False
-
-    def _devices(self, in_owner: dict[Ref, list[cst.Assign]]) -> bool:
-        """Classify the device variables of the setup scope; False when the file must stay as it is."""
-        plan = self.plan
-        for ref, assigns in in_owner.items():
-            kinds = [classify_device(self, a.value) for a in assigns if self.single_target(a) == ref]
-            if not any(kinds):
-                continue
-            name = ref[1]
-            why = "is assigned more than once"
-            if len(assigns) >= 2:
-                why = self._if_else_device(name, assigns) or ""
-                if not why:
-                    continue
-            if len(assigns) != 1 or len(kinds) != 1 or kinds[0] is None:
-                self.finding(self.plan, assigns[0], "ACC103", f"`{name}` {why}; file not converted.",
-                             "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.")
-                return False
-            kind, value = kinds[0], assigns[0].value
-            if kind.kind == "auto":
-                plan.devices.add(name)
-                if _is_string(value):
-                    plan.string_devices.add(name)
-                flag = _flag_of(self, value)
-                if flag is not None:
-                    plan.cpu_flag = flag
-            elif kind.kind == "cpu":
-                self.finding(self.plan, assigns[0], "ACC102",
-                             f"`{name}` forces the CPU; converting would move training to the accelerator. File not converted.",
-                             "use `Accelerator(cpu=True)` to keep training on the CPU.")
-                return False
-            else:
-                self.finding(self.plan, assigns[0], "ACC102",
-                             f"`{name}` is a {kind.detail}, not the automatic choice Accelerate makes. File not converted.",
-                             "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.")
-                return False
-        return True
-
-    def _if_else_device(self, name: str, assigns: list[cst.Assign]) -> Optional[str]:
-        """``if use_accel: device = <accelerator> [elif use_mps: device = <accelerator>] else: device = "cpu"``.
-
-        Every branch but the last picks an accelerator and the last the CPU: the tests
-        together are the flag, ``Accelerator(cpu=not (a or b))``. None when it is that shape,
-        else why not (for the finding).
-        """
-        top = self._enclosing_if(assigns[0])
-        if not isinstance(top, cst.If):
-            return "is assigned more than once"
-        tests: list[cst.BaseExpression] = []
-        branches: list[cst.BaseSuite] = []
-        node: cst.CSTNode = top
-        while isinstance(node, cst.If):
-            tests.append(node.test)
-            branches.append(node.body)
-            node = node.orelse  # type: ignore[assignment]
-        if not isinstance(node, cst.Else):
-            return "is chosen by an if/elif chain with no `else:` (no CPU fallback)"
-        branches.append(node.body)
-        busy = f"is chosen by an if/elif chain whose branches do more than set `{name}`"
-        if len(assigns) != len(branches) or not all(isinstance(b, cst.IndentedBlock) and len(b.body) == 1 for b in branches):
-            return busy
-        lines = [b.body[0] for b in branches]  # type: ignore[attr-defined]
-        for line, assign in zip(lines, assigns):
-            if not isinstance(line, cst.SimpleStatementLine) or line.body[0] is not assign:
-                return busy
-        kinds = [k.kind if (k := classify_device(self, a.value)) else None for a in assigns]
-        if kinds != ["auto"] * (len(assigns) - 1) + ["cpu"]:
-            return "is chosen by an if/elif chain that is not accelerators first and the CPU last"
-        self.plan.devices.add(name)
-        flags = [t for t in tests if not is_availability_check(self, t)]
-        if len(flags) == len(tests):
-            if len(tests) == 1:
-                self.plan.cpu_flag = _negate(tests[0])
-            else:
-                self.plan.cpu_flag = "not (" + " or ".join(
-                    code_of(t) if not isinstance(t, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) else f"({code_of(t)})"
-                    for t in tests
-                ) + ")"
-        elif flags:
-            return ("is chosen by an if/elif chain that mixes a flag with an availability check: no single "
-                    "`Accelerator(cpu=...)` says the same")
-        return None
-
-    def _enclosing_if(self, assign: cst.Assign) -> Optional[cst.CSTNode]:
-        node: Optional[cst.CSTNode] = assign
-        for _ in range(5):  # Assign < line < block < (Else <) If
-            node = self.get_metadata(ParentNodeProvider, node, None)
-            if node is None or isinstance(node, cst.If):
-                return node
-        return None
 
     # ------------------------------------------------------------------ gradient accumulation
     def _accumulation(self, module: cst.Module) -> None:
@@ -1234,15 +1112,6 @@ def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
     return False
 
 
-def _is_string(value: cst.BaseExpression) -> bool:
-    """``"cuda"``, ``"cuda" if ... else "cpu"``, ``current_accelerator().type``: a device spelled as a string."""
-    if isinstance(value, cst.IfExp):
-        return _is_string(value.body) and _is_string(value.orelse)
-    if isinstance(value, cst.Attribute):
-        return value.attr.value == "type"
-    return string_value(value) is not None
-
-
 def _switch(value: cst.BaseExpression):
     """``enabled=<value>``: None when always on (``True``), False when always off, else the flag."""
     if m.matches(value, m.Name("True")):
@@ -1250,24 +1119,6 @@ def _switch(value: cst.BaseExpression):
     if m.matches(value, m.Name("False")):
         return False
     return value
-
-
-def _negate(test: cst.BaseExpression) -> str:
-    code = cst.Module(body=[]).code_for_node(test)
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return cst.Module(body=[]).code_for_node(test.expression)
-    if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
-        return f"not {code}"
-    return f"not ({code})"
-
-
-def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optional[str]:
-    """``torch.device("cuda" if use_cuda else "cpu")`` -> ``"not use_cuda"``; None for availability checks."""
-    if isinstance(value, cst.Call) and value.args:
-        value = value.args[0].value
-    if isinstance(value, cst.IfExp) and not is_availability_check(visitor, value.test):
-        return _negate(value.test)
-    return None
 
 
 def analyze(wrapper: MetadataWrapper) -> Plan:
