@@ -22,13 +22,12 @@ from accelify.walk import findall
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import accelerator, devices, objects
-from accelify.analyses.facts import KINDS, Facts, bind_arguments, chain_root, param_names  # noqa: F401 (codemods import bind_arguments from here)
+from accelify.analyses import accelerator, devices, helpers, objects
+from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods import these from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
     ACCELERATOR_SPELLINGS,
     BACKWARD,
-    TORCH_SAVE,
     bound_again,
     DATALOADERS,
     MODULE,
@@ -41,7 +40,6 @@ from accelify.analysis import (
     peel_iterable,
     qualified_names,
     read_names,
-    receiver_refs,
     ref_of,
     assigned_names,
     scope_key,
@@ -279,7 +277,7 @@ class _Analyzer(Facts):
         self._arguments = accelerator.Arguments(self, plan, in_owner)
         if not plan.devices and plan.cpu_flag is None:
             devices.placement_flag(self, plan, self._arguments)
-        self._helpers()
+        helpers.flows(self, plan)
         if not self._schedulers(module, in_owner, set(optimizers)):
             return
         plan.has_prepare = self._has_prepare(module)
@@ -291,7 +289,7 @@ class _Analyzer(Facts):
             if located is not None:
                 after = bound_again(located[0].body[located[1]:], set(plan.anchors()), self.trainers)
                 plan.rebound_models = [n for n in plan.models if any(binds(stmt, {n}) for stmt in after)]
-        self._needs_accelerator()
+        helpers.needs_accelerator(self, plan)
         unreachable = self._backward_out_of_reach()
         if unreachable is not None:
             self.finding(
@@ -643,111 +641,6 @@ class _Analyzer(Facts):
             return "fp16", switch
         return None
 
-    # ------------------------------------------------------------------ helper functions
-    def _helpers(self) -> None:
-        """Which parameters of module-level functions receive loaders, models or devices."""
-        plan = self.plan
-        calls: dict[str, list[tuple[cst.Call, dict[str, cst.BaseExpression]]]] = {}
-        funcs: dict[str, cst.FunctionDef] = {}
-        for name, func in self.functions.items():
-            sites = self.call_sites(name, func)
-            if sites:
-                calls[name], funcs[name] = sites, func
-        for name in self.classes:
-            init = self._constructor(name)
-            sites = self.call_sites(name, init, self.classes[name]) if init is not None else []
-            if sites:  # `Trainer(model, loader, optimizer, device)`: the parameters of `Trainer.__init__`
-                calls[f"{name}.__init__"], funcs[f"{name}.__init__"] = sites, init  # type: ignore[assignment]
-        changed = True
-        while changed:
-            changed = False
-            for name, sites in calls.items():
-                for param in param_names(funcs[name]):
-                    ref = (name, param)
-                    args = [bound.get(param) for _, bound in sites]
-                    if any(a is None for a in args):
-                        continue
-                    for kind in KINDS:
-                        if ref not in plan.flow[kind] and all(ref_of(self, a) in plan.flow[kind] for a in args):
-                            plan.flow[kind].add(ref)
-                            changed = True
-            changed |= self._attribute_flows()
-        if plan.setup != MODULE and not self.is_script:
-            return  # a module others may import: its functions' signatures are not ours to change
-        for key, param in sorted(plan.flow["device"]):
-            if key in self.functions and param in param_names(self.functions[key]):
-                plan.device_params.setdefault(key, []).append(param)
-
-    def _constructor(self, name: str) -> Optional[cst.FunctionDef]:
-        """The ``__init__`` of a plain module-level class (no bases but ``object``), if it has one."""
-        cls = self.classes[name]
-        if any(code_of(base.value) != "object" for base in cls.bases) or cls.keywords:
-            return None
-        return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
-                     and s.params.params and s.params.params[0].name.value == "self"), None)
-
-    def _attribute_flows(self) -> bool:
-        """``self.model = model.to(gpu_id)`` in a class handed ``model``: ``self.model`` is that model
-        too, when every binding of the attribute is such a parameter (placed or not)."""
-        plan, changed = self.plan, False
-        for (owner, name), assigns in self.assigns.items():
-            if owner not in self.classes or not name.startswith("self."):
-                continue
-            for kind in KINDS:
-                ref = (owner, name)
-                if ref in plan.flow[kind]:
-                    continue
-                values = [chain_root(a.value) if kind != "device" else a.value for a in assigns]
-                if all(self.single_target(a) == ref for a in assigns) and all(
-                    ref_of(self, v) in plan.flow[kind] and ref_of(self, v)[0].startswith(owner + ".")  # type: ignore[index]
-                    for v in values
-                ):
-                    plan.flow[kind].add(ref)
-                    changed = True
-        return changed
-
-    def _needs_accelerator(self) -> None:
-        """Helpers outside the setup scope that call ``.backward()`` or gather metrics get the
-        accelerator through their device parameter."""
-        from accelify.codemods.gather import Gather, find_gather
-
-        plan = self.plan
-        gathering = [loop for loop in self.loops if isinstance(find_gather(self, loop, plan), Gather)]
-        # torch.save(model.state_dict(), ...) in a helper: saved once and unwrapped through the accelerator
-        saving = [c for c in self.calls if has_qname(self, c.func, TORCH_SAVE) and c.args and any(
-            ref in plan.flow["model"] for ref in receiver_refs(self, c.args[0].value))]
-        for call in [*self.backwards, *gathering, *saving]:
-            key = key_at(self, call)
-            if key is None or plan.accelerator_in(key) is not None:
-                continue
-            top = key.split(".")[0]
-            if top in plan.device_params and top == key:
-                plan.needs_accelerator.add(key)
-            elif top == key and self._can_take_accelerator(key):
-                plan.needs_accelerator.add(key)
-                plan.accelerator_params.add(key)
-            elif top != key and top in self.classes and self._class_can_take_accelerator(top):
-                plan.accelerator_classes.add(top)
-        # A helper that hands its own device parameter to one that now takes the accelerator
-        # there must take the accelerator too: `train(..., device)` calling `train_epoch(..., device)`.
-        changed = True
-        while changed:
-            changed = False
-            for name in sorted(plan.needs_accelerator - plan.accelerator_params):
-                func = self.functions.get(name)
-                if func is None:
-                    continue
-                for call, bound in self.call_sites(name, func):
-                    caller = key_at(self, call)
-                    if caller is None or caller in plan.needs_accelerator or plan.accelerator_in(caller) is not None:
-                        continue
-                    passed = [bound.get(p) for p in plan.device_params.get(name, [])]
-                    if caller in plan.device_params and any(
-                        isinstance(arg, cst.Name) and arg.value in plan.device_params[caller] for arg in passed
-                    ):
-                        plan.needs_accelerator.add(caller)
-                        changed = True
-
     def _tensor_backward(self, call: cst.Call) -> bool:
         """``loss.backward()``, not the function ``torch.autograd.backward(...)``."""
         return not qualified_names(self, call.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
@@ -773,30 +666,6 @@ class _Analyzer(Facts):
                 continue  # hand-written Accelerate code with its own accelerator
             return call
         return None
-
-    def _class_can_take_accelerator(self, name: str) -> bool:
-        """A script's class handed the training objects (``Trainer(model, loader, optimizer)``) can take
-        the accelerator as the first argument of every construction, made where the Accelerator is
-        visible, and keep it as ``self.accelerator``."""
-        init = self._constructor(name)
-        if not self.is_script or init is None or init.params.posonly_params or self.plan.class_mode:
-            return False
-        cls = self.classes[name]
-        if "accelerator" in param_names(init) or findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))):
-            return False
-        sites = self.call_sites(name, init, cls)
-        return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) == "accelerator" for call, _ in sites)
-
-    def _can_take_accelerator(self, name: str) -> bool:
-        """A script's module-level helper can get a new first parameter ``accelerator`` when every
-        call of it is plain (no ``*args``) and made where the Accelerator is visible."""
-        func = self.functions.get(name)
-        if not self.is_script or func is None or func.params.posonly_params:
-            return False
-        if "accelerator" in param_names(func) or findall(func.body, m.Name("accelerator")):
-            return False
-        sites = self.call_sites(name, func)
-        return bool(sites) and all(self.plan.accelerator_in(key_at(self, call)) is not None for call, _ in sites)
 
     # ------------------------------------------------------------------ the data a backward trains on
     def _training_data(self) -> bool:
