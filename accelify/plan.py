@@ -22,7 +22,7 @@ from accelify.walk import findall
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import accelerator, devices, helpers, objects
+from accelify.analyses import accelerator, devices, helpers, objects, schedulers
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods import these from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
@@ -39,12 +39,9 @@ from accelify.analysis import (
     binds,
     peel_iterable,
     qualified_names,
-    read_names,
     ref_of,
-    assigned_names,
     scope_key,
     scope_root,
-    simple_assign,
     string_value,
     trains,
     under_main_process_check,
@@ -278,8 +275,10 @@ class _Analyzer(Facts):
         if not plan.devices and plan.cpu_flag is None:
             devices.placement_flag(self, plan, self._arguments)
         helpers.flows(self, plan)
-        if not self._schedulers(module, in_owner, set(optimizers)):
+        scheduler_calls = schedulers.decide(self, plan, in_owner, set(optimizers))
+        if scheduler_calls is None:
             return
+        self._scheduler_calls = scheduler_calls
         plan.has_prepare = self._has_prepare(module)
         if not plan.has_prepare and not self._prepare_point_ok(module):
             return
@@ -765,101 +764,6 @@ class _Analyzer(Facts):
         return False
 
     # ------------------------------------------------------------------ schedulers and prepare
-    def _schedulers(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]], optimizers: set[Ref]) -> bool:
-        plan = self.plan
-        found = []
-        for ref, assigns in in_owner.items():
-            for a in assigns:
-                if ref not in optimizers and isinstance(a.value, cst.Call) and self.single_target(a) == ref:
-                    if objects.is_scheduler(self, a.value, optimizers):
-                        found.append((ref, a))
-        for ref, assign in sorted(found, key=lambda x: self.line(x[1])):
-            stepping = self._stepping(ref)
-            if stepping == "mixed":
-                self.finding(
-                    self.plan, assign, "ACC122",
-                    f"`{ref[1]}` is stepped both once per batch and outside the loop over the dataloader: prepared, "
-                    "its per-epoch steps would count once per process; not prepared, its per-batch steps would "
-                    "count the shard's batches only. Its learning rates would differ from one process; file not "
-                    "converted.",
-                    "step the scheduler in one place (per batch, or per epoch), or use two schedulers.",
-                )
-                return False
-            if stepping == "batch":
-                plan.schedulers.append(ref[1])
-                self._scheduler_calls.append(assign.value)  # type: ignore[arg-type]
-        self._early_lengths(module, found)
-        return True
-
-    def _early_lengths(self, module: cst.Module, found: list[tuple[Ref, cst.Assign]]) -> None:
-        """A per-batch scheduler built after the objects but sized from ``len(dataloader)`` taken before
-        them (``t_total = len(train_dataloader) * epochs``) counts the batches of one process: ``prepare``
-        goes after it and takes it too, so that it steps once per process per batch, the schedule of one
-        process. ACC113 when it cannot (bound under a condition, or code before it reads the loaders)."""
-        plan = self.plan
-        root = scope_root(module, plan.setup)
-        located = locate_setup(root, set(plan.anchors()), self.trainers) if root is not None else None
-        if located is None:
-            return
-        block, index = located
-        length = m.Call(func=m.Name("len"), args=[m.Arg(m.Name())])
-        assigns = [a for stmt in block.body[:index] if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
-                   for a in findall(stmt, m.Assign())]
-        early: set[str] = set()
-        changed = True
-        while changed:  # t_total = steps_per_epoch * epochs, steps_per_epoch = len(loader) // accumulation
-            changed = False
-            for assign in assigns:
-                reads = {n.value for n in findall(assign.value, m.Name())}  # type: ignore[attr-defined]
-                lens = {c.args[0].value.value for c in findall(assign.value, length)}  # type: ignore[attr-defined]
-                if lens & set(plan.dataloaders) or reads & early:
-                    targets = {n for t in assign.targets for n in assigned_names(t.target)}  # type: ignore[attr-defined]
-                    if not targets <= early:
-                        early |= targets
-                        changed = True
-        rest = block.body[index:]
-        late = {id(a) for stmt in rest if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) for a in findall(stmt, m.Assign())}
-        for ref, assign in found:
-            if id(assign) not in late or not self._stepped_per_batch(ref):
-                continue
-            if not {n.value for n in findall(assign.value, m.Name())} & early:  # type: ignore[attr-defined]
-                continue
-            at = next((i for i, stmt in enumerate(rest) if simple_assign(stmt) is assign), None)
-            between = rest[:at] if at is not None else []
-            if at is not None and not any(trains(stmt, self.trainers, frozenset(plan.core())) for stmt in between) and not any(
-                n.value in plan.dataloaders for stmt in between for n in read_names(stmt)
-            ):
-                plan.sized_early.append(ref[1])
-                continue
-            self.finding(
-                self.plan, assign, "ACC113",
-                "this scheduler steps once per batch of the prepared (sharded) dataloader, but is sized from "
-                "`len(dataloader)` taken before `prepare`: with N processes it decays N times too slowly.",
-                "compute the number of steps after `accelerator.prepare(...)`, from the prepared dataloader, or "
-                "build the scheduler right after the optimizer and pass it to `prepare` too.",
-            )
-
-    def _stepped_per_batch(self, scheduler: Ref) -> bool:
-        """Stepped once per optimizer step: every ``.step()`` of it sits in a loop over a dataloader."""
-        return self._stepping(scheduler) == "batch"
-
-    def _stepping(self, scheduler: Ref) -> Optional[str]:
-        """Where the scheduler's ``.step()`` calls sit: "batch" (all in loops over a dataloader),
-        "epoch" (none), "mixed" (some of each), None (never stepped)."""
-        steps = [s for s in self.steps if ref_of(self, s.func.value) == scheduler]  # type: ignore[attr-defined]
-        inside = [self._in_loader_loop(step) for step in steps]
-        if not inside:
-            return None
-        return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"
-
-    def _in_loader_loop(self, node: cst.CSTNode) -> bool:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None:
-            if isinstance(parent, cst.For) and ref_of(self, peel_iterable(self, parent.iter)) in self.plan.flow["loader"]:
-                return True
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
-        return False
-
     def _prepare_point_ok(self, module: cst.Module) -> bool:
         plan = self.plan
         names = plan.anchors()

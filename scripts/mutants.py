@@ -98,9 +98,9 @@ MUTANTS = [
     ),
     Mutant(
         "mixed-scheduler-per-batch", "a scheduler stepped per batch and per epoch is prepared",
-        "accelify/plan.py",
-        '        return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"\n',
-        '        return "batch" if any(inside) else "epoch"\n',
+        "accelify/analyses/schedulers.py",
+        '    return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"\n',
+        '    return "batch" if any(inside) else "epoch"\n',
     ),
     # --- issue 8: what every process does, evaluation, reloads (second session)
     Mutant(
@@ -191,9 +191,9 @@ MUTANTS = [
     ),
     Mutant(
         "early-sized-scheduler-unprepared", "a schedule sized before prepare decays N times too slowly",
-        "accelify/plan.py",
-        "                plan.sized_early.append(ref[1])\n",
-        "                pass\n",
+        "accelify/analyses/schedulers.py",
+        "            plan.sized_early.append(ref[1])\n",
+        "            pass\n",
         tests=tuple(E2E),
     ),
     Mutant(
