@@ -12,7 +12,7 @@ rewrite the tree pass after pass.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -22,28 +22,22 @@ from accelify.walk import findall
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import accelerator, devices, helpers, objects, schedulers
+from accelify.analyses import accelerator, devices, helpers, objects, prepare_point, schedulers
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods import these from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
     ACCELERATOR_SPELLINGS,
-    BACKWARD,
-    bound_again,
     DATALOADERS,
     MODULE,
     RawFinding,
     Ref,
     has_qname,
     key_at,
-    locate_setup,
-    binds,
     peel_iterable,
     qualified_names,
     ref_of,
     scope_key,
-    scope_root,
     string_value,
-    trains,
     under_main_process_check,
 )
 
@@ -206,28 +200,8 @@ class _Analyzer(Facts):
                 "`accelerate launch` / `torchrun` do all three), then run accelify on the plain script.",
             )
             return
-        owners = {ref[0] for ref in optimizers}
-        setups = {self.assign_key[id(a)] for a, _ in optimizers.values()}
         first = min((a for a, _ in optimizers.values()), key=self.line)
-        if len(owners) != 1 or len(setups) != 1 or None in setups:
-            self.finding(
-                self.plan, first, "ACC107", "optimizers are built in more than one place; file not converted.",
-                "build all training objects in one function and pass them through one `accelerator.prepare(...)`.",
-            )
-            return
-        plan.owner, plan.setup = owners.pop(), setups.pop()  # type: ignore[assignment]
-        cls, _, method = plan.setup.rpartition(".")
-        if cls in self.classes and method != "__init__" and method in self.trainers:
-            why = self._method_setup(module, cls, method)
-            if why is not None:
-                self.finding(self.plan, first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`, and {why}; "
-                             "file not converted.", "build the model, optimizer and dataloaders in `__init__`, or "
-                             f"call `{method}()` once.")
-                return
-            plan.owner = cls
-        elif plan.class_mode and not plan.setup.endswith(".__init__"):
-            self.finding(self.plan, first, "ACC107", f"the optimizer is built in `{plan.setup}`, not in `__init__`; file not converted.",
-                         "build the model, optimizer and dataloaders in `__init__`.")
+        if not prepare_point.setup_scope(self, plan, optimizers, first):
             return
         accelerator.existing(self, plan)
         if any(f.code == "ACC100" for f in plan.findings):
@@ -236,27 +210,11 @@ class _Analyzer(Facts):
         in_owner = objects.setup_assigns(self, plan)
         if not objects.training_objects(self, plan, optimizers, in_owner):
             return
-        if plan.method_mode:
-            again = self._init_objects(plan.owner)
-            if again is not None:
-                name = next(n for n in plan.core() if binds(cst.SimpleStatementLine([again]), {n}))
-                self.finding(
-                    self.plan, again, "ACC104", f"`{name}` is bound in `{self.assign_key[id(again)]}`, which trains it, but "
-                    f"prepared in `{plan.setup}`: the object bound there would train unprepared; file not "
-                    "converted.",
-                    f"bind `{name}` once in `__init__`, or load the new weights into it with `load_state_dict`.",
-                )
-                return
+        if plan.method_mode and not prepare_point.init_objects(self, plan):
+            return
         plan.flow["loader"] = plan.refs(plan.dataloaders)
         plan.flow["model"] = plan.refs(plan.models)
-        factory = scope_root(module, plan.setup) if not plan.class_mode and plan.setup != MODULE else None
-        if factory is not None and not plan.has_accelerator and self._returns_training_objects(factory):
-            self.finding(
-                self.plan, first, "ACC107", f"the optimizer is built in `{plan.setup}`, which returns the training objects: an "
-                "Accelerator created there would not reach the code that trains; file not converted.",
-                "create the Accelerator where the training loop runs and call `accelerator.prepare(...)` on what "
-                f"`{plan.setup}()` returns.",
-            )
+        if not prepare_point.reaches_training(self, plan, first):
             return
         if not devices.classify(self, plan, in_owner):
             return
@@ -279,15 +237,8 @@ class _Analyzer(Facts):
         if scheduler_calls is None:
             return
         self._scheduler_calls = scheduler_calls
-        plan.has_prepare = self._has_prepare(module)
-        if not plan.has_prepare and not self._prepare_point_ok(module):
+        if not prepare_point.place(self, plan):
             return
-        if plan.has_prepare:  # converted code: a model bound again after training is still a plain one
-            root = scope_root(module, plan.setup)
-            located = locate_setup(root, set(plan.anchors()), self.trainers) if root is not None else None
-            if located is not None:
-                after = bound_again(located[0].body[located[1]:], set(plan.anchors()), self.trainers)
-                plan.rebound_models = [n for n in plan.models if any(binds(stmt, {n}) for stmt in after)]
         helpers.needs_accelerator(self, plan)
         unreachable = self._backward_out_of_reach()
         if unreachable is not None:
@@ -306,54 +257,6 @@ class _Analyzer(Facts):
             return
         plan.convertible = True
 
-    def _method_setup(self, module: cst.Module, cls: str, method: str) -> Optional[str]:
-        """A trainer class whose optimizer is built in a method (``Trainer.train``): ``prepare`` can go
-        there when the class builds its model in ``__init__`` and the method runs once. None when it
-        can, else why not (for the finding)."""
-        if scope_root(module, f"{cls}.__init__") is None:
-            return f"`{cls}` has no `__init__` to create the Accelerator in"
-        instances = {
-            ref for ref, assigns in self.assigns.items()
-            if all(isinstance(a.value, cst.Call) and m.matches(a.value.func, m.Name(cls)) for a in assigns)
-        }
-        uses = [
-            node for node in findall(module, m.Attribute(attr=m.Name(method)))
-            if ref_of(self, node.value) in instances  # type: ignore[attr-defined]
-            or m.matches(node.value, m.Call(func=m.Name(cls)))  # type: ignore[attr-defined]
-            or (code_of(node.value) == "self" and (key_at(self, node) or "").split(".")[0] == cls)  # type: ignore[attr-defined]
-        ]
-        if not uses:
-            return f"`{method}` is not called in this file (called from elsewhere, it may run `prepare` more than once)"
-        if len(uses) != 1:
-            return f"`{method}` is used {len(uses)} times (`prepare` there must run exactly once)"
-        use = uses[0]
-        parent = self.get_metadata(ParentNodeProvider, use, None)
-        if not isinstance(parent, cst.Call) or parent.func is not use or code_of(use.value) == "self":
-            return f"`{method}` is not simply called once on an instance of `{cls}`"
-        node: Optional[cst.CSTNode] = parent
-        while node is not None:
-            if isinstance(node, (cst.For, cst.While, cst.CompFor)):
-                return f"`{method}` is called in a loop (`prepare` there must run exactly once)"
-            node = self.get_metadata(ParentNodeProvider, node, None)
-        return None
-
-    def _init_objects(self, cls: str) -> Optional[cst.Assign]:
-        """Method mode: the ``self`` objects built outside the method that prepares them (the model
-        ``__init__`` builds, one ``load_model`` builds anew: ``prepare`` takes the one there is when
-        the method runs); an assignment in another method that trains, if there is one."""
-        plan = self.plan
-        for name in plan.core():
-            if not name.startswith("self."):
-                continue
-            assigns = self.assigns.get((cls, name), [])
-            if any(self.assign_key[id(a)] == plan.setup for a in assigns):
-                continue
-            training = [a for a in assigns if (self.assign_key[id(a)] or "").rpartition(".")[2] in self.trainers]
-            if training:
-                return training[0]
-            plan.built_in_init.append(name)
-        return None
-
     def _untrained_backward(self) -> None:
         """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
         is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
@@ -369,18 +272,6 @@ class _Analyzer(Facts):
             "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
             "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
         )
-
-    def _returns_training_objects(self, func: cst.FunctionDef) -> bool:
-        """A factory: ``return model, optimizer`` (objects built here are trained elsewhere)."""
-        core = self.plan.refs(self.plan.core())
-        if findall(func.body, BACKWARD):
-            return False  # it trains them too: `return model` at the end hands back the trained model
-        for ret in findall(func.body, m.Return()):
-            if ret.value is None or key_at(self, ret) != self.plan.setup:  # type: ignore[attr-defined]
-                continue
-            if any(ref_of(self, node) in core for node in findall(ret.value, m.Name())):  # type: ignore[attr-defined]
-                return True
-        return False
 
     # ------------------------------------------------------------------ gradient accumulation
     def _accumulation(self, module: cst.Module) -> None:
@@ -764,74 +655,6 @@ class _Analyzer(Facts):
         return False
 
     # ------------------------------------------------------------------ schedulers and prepare
-    def _prepare_point_ok(self, module: cst.Module) -> bool:
-        plan = self.plan
-        names = plan.anchors()
-        listed = ", ".join(plan.core())
-        root = scope_root(module, plan.setup)
-        located = locate_setup(root, set(names), self.trainers) if root is not None else None
-        if located is None:
-            self.finding(
-                self.plan, module.body[0] if root is None else root, "ACC104",
-                "the dataloaders, models and optimizers are not built in one block; file not converted.",
-                f"build them in the same block, then call `{listed} = {plan.accelerator}.prepare({listed})` once.",
-            )
-            return False
-        block, index = located
-        core = plan.refs(plan.core())
-        for stmt in block.body[:index]:
-            for call in findall(stmt, m.Call(func=m.Name())):
-                handed = [a.value for a in call.args if ref_of(self, a.value) in core]  # type: ignore[attr-defined]
-                if call.func.value in self.classes and handed:  # type: ignore[attr-defined]
-                    self.finding(
-                        self.plan, call, "ACC104", f"`{code_of(call.func)}` is handed `{code_of(handed[0])}` before the "  # type: ignore[attr-defined]
-                        "last training object is built, where `prepare` goes: it would keep the unprepared "
-                        "object. File not converted.",
-                        f"build every training object first, then `{code_of(call.func)}(...)` after "  # type: ignore[attr-defined]
-                        f"`{plan.accelerator}.prepare(...)`.",
-                    )
-                    return False
-        for name in names:
-            if not _bound_on_all_paths(block.body[:index], name):
-                self.finding(
-                    self.plan, next((st for st in block.body[:index] if binds(st, {name})), block.body[index - 1]), "ACC104",
-                    f"`{name}` is bound only under a condition: `prepare` after it would read a name that may not "
-                    "exist; file not converted.",
-                    f"bind `{name}` on every path (`{name} = None` in the other branch is not enough: `prepare` "
-                    "needs the object), or call `prepare` inside the condition by hand.",
-                )
-                return False
-        # `prepare` goes after the last binding before training. An object bound again after
-        # that is a new one: a model re-created to reload a checkpoint and test it stays a plain
-        # model on `accelerator.device`; anything else bound again, or training after it, would
-        # run on unprepared objects.
-        after = bound_again(block.body[index:], set(names), self.trainers)
-        rebound = [n for n in names if any(binds(stmt, {n}) for stmt in after)]
-        if not rebound:
-            return True
-        first = next(i for i, stmt in enumerate(after) if binds(stmt, set(rebound)))
-        training = next((stmt for stmt in after[first:] if trains(stmt, self.trainers, frozenset(names))), None)
-        others = [n for n in rebound if n not in plan.models]
-        if training is not None or others:
-            what = ", ".join(others or rebound)
-            where = training if training is not None and not others else after[first]
-            self.finding(
-                self.plan, where, "ACC104",
-                f"`{what}` is bound again after training starts (line {self.line(after[first])})"
-                + (" and trained again after that" if training is not None and not others else "")
-                + ": one `prepare` cannot cover both objects, and the second would train unprepared; file not "
-                "converted.",
-                f"give the object bound again a name of its own (`best_model = ...`), or build every training "
-                f"object before the loop, so that `{listed} = {plan.accelerator}.prepare({listed})` covers "
-                "what trains.",
-            )
-            return False
-        plan.rebound_models = rebound
-        return True
-
-    def _has_prepare(self, module: cst.Module) -> bool:
-        return f"{self.plan.accelerator}.prepare(" in module.code
-
 
 
 # Tensors a script makes by hand: on the CPU unless it says otherwise.
@@ -864,25 +687,6 @@ _PROCESS_GROUP = frozenset(
      "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
      "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
 )
-
-
-def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
-    """Is ``name`` bound whatever path runs through ``stmts`` (both branches of an if/else, the
-    body of a ``with`` or ``try``)?"""
-    for stmt in stmts:
-        if isinstance(stmt, cst.SimpleStatementLine) and binds(stmt, {name}):
-            return True
-        if isinstance(stmt, cst.If) and stmt.orelse is not None:
-            branches = [stmt.body, stmt.orelse.body if isinstance(stmt.orelse, cst.Else) else None]
-            orelse = stmt.orelse
-            if isinstance(orelse, cst.If):  # elif: the rest of the chain is one statement
-                branches[1] = cst.IndentedBlock(body=[orelse])
-            if all(isinstance(b, cst.IndentedBlock) and _bound_on_all_paths(b.body, name) for b in branches):
-                return True
-        if isinstance(stmt, (cst.With, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
-            if _bound_on_all_paths(stmt.body.body, name):
-                return True
-    return False
 
 
 def _switch(value: cst.BaseExpression):

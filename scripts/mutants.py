@@ -185,9 +185,9 @@ MUTANTS = [
     ),
     Mutant(
         "method-prepare-runs-twice", "a trainer's train() called twice prepares (wraps) the model twice",
-        "accelify/plan.py",
-        "        if len(uses) != 1:\n",
-        "        if len(uses) > 2:\n",
+        "accelify/analyses/prepare_point.py",
+        "    if len(uses) != 1:\n",
+        "    if len(uses) > 2:\n",
     ),
     Mutant(
         "early-sized-scheduler-unprepared", "a schedule sized before prepare decays N times too slowly",
@@ -198,9 +198,9 @@ MUTANTS = [
     ),
     Mutant(
         "trainer-built-before-prepare", "a trainer handed the model before prepare keeps the unprepared one",
-        "accelify/plan.py",
-        "                if call.func.value in self.classes and handed:  # type: ignore[attr-defined]\n",
-        "                if False:\n",
+        "accelify/analyses/prepare_point.py",
+        "            if call.func.value in facts.classes and handed:  # type: ignore[attr-defined]\n",
+        "            if False:\n",
     ),
     Mutant(
         "handed-model-state-saved", "a callback saves the wrapper's module. keys on every process",
