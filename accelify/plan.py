@@ -22,12 +22,11 @@ from accelify.walk import findall
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import accelerator, devices, helpers, objects, prepare_point, schedulers
+from accelify.analyses import accelerator, data, devices, helpers, objects, prepare_point, schedulers
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods import these from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
     ACCELERATOR_SPELLINGS,
-    DATALOADERS,
     MODULE,
     RawFinding,
     Ref,
@@ -219,15 +218,7 @@ class _Analyzer(Facts):
         if not devices.classify(self, plan, in_owner):
             return
         plan.flow["device"] = plan.refs(sorted(plan.devices))
-        if (not plan.dataloaders and not plan.devices and not plan.has_accelerator and ".cuda(" not in module.code
-                and any(has_qname(self, c.func, _TENSOR_FACTORIES) for c in self.calls)):
-            self.finding(
-                self.plan, first, "ACC121", "the training data does not come from a DataLoader and the script places nothing on "
-                "a device: `prepare` would move the model to the accelerator and leave the data on the CPU. "
-                "File not converted.",
-                "build the data with a `torch.utils.data.DataLoader` (prepare places its batches), or move the "
-                "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
-            )
+        if not data.placed(self, plan, first):
             return
         self._arguments = accelerator.Arguments(self, plan, in_owner)
         if not plan.devices and plan.cpu_flag is None:
@@ -248,7 +239,7 @@ class _Analyzer(Facts):
                 "pass the accelerator to this function and call `accelerator.backward(loss)`.",
             )
             return
-        if not self._training_data():
+        if not data.training_data(self, plan):
             return
         self._wrapped = objects.optimizer_wrappers(self, plan, in_owner, optimizers)
         self._mixed_precision(module, in_owner)
@@ -557,113 +548,6 @@ class _Analyzer(Facts):
             return call
         return None
 
-    # ------------------------------------------------------------------ the data a backward trains on
-    def _training_data(self) -> bool:
-        """Every loop around a backward should draw from a prepared dataloader.
-
-        A DataLoader accelify does not prepare (returned by a helper, built elsewhere) would feed
-        every process the whole dataset while the model trains as one: ACC123, file unchanged.
-        Data that is no DataLoader (hand-sliced tensors, ``get_batch()``) cannot be prepared: the
-        conversion goes on and ACC124 says that every process trains on all of it.
-        """
-        reported = False
-        for call in self.backwards:
-            loops = []
-            node = self.get_metadata(ParentNodeProvider, call, None)
-            while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-                if isinstance(node, cst.For):
-                    loops.append(node)
-                node = self.get_metadata(ParentNodeProvider, node, None)
-            if not loops or any(self._prepared_data(loop.iter, 0) for loop in loops):
-                continue
-            for loop in loops:
-                if self._loader_like(loop.iter, set()):
-                    what = code_of(peel_iterable(self, loop.iter))
-                    self.finding(
-                        self.plan, loop, "ACC123",
-                        f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare (it is not "
-                        "built where the model and optimizer are, nor returned there by a helper of this file that "
-                        "builds it on every path): every process would train on all of it. "
-                        "File not converted.",
-                        "build the DataLoader beside the model and optimizer, or pass it through the same "
-                        "`accelerator.prepare(...)` call.",
-                    )
-                    return False
-            if not reported:
-                reported = True
-                self.finding(
-                    self.plan, loops[0], "ACC124",
-                    f"the training data (`{code_of(peel_iterable(self, loops[0].iter))}`) does not come from a "
-                    "DataLoader: it is not sharded, every process trains on all of it (correct, but no faster).",
-                    "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, or "
-                    "slice it per process with `accelerator.split_between_processes`.",
-                )
-        return True
-
-    def _prepared_data(self, expr: cst.BaseExpression, depth: int) -> bool:
-        """Does ``expr`` draw from a prepared dataloader, directly or through names bound to
-        wrappers of one (``epoch_iterator = tqdm(train_dataloader)``)?"""
-        expr = peel_iterable(self, expr)
-        if ref_of(self, expr) in self.plan.flow["loader"]:
-            return True
-        if isinstance(expr, cst.Call) and depth < 4:
-            return any(self._prepared_data(arg.value, depth + 1) for arg in expr.args[:1])
-        return depth < 4 and any(self._prepared_data(v, depth + 1) for v in self.bound_values(expr))
-
-    def _loader_like(self, expr: cst.BaseExpression, seen: set[int]) -> bool:
-        """Could ``expr`` hold a DataLoader: one built by the constructor, or returned by a function of
-        this file that builds one, followed through assignments and helper parameters."""
-        expr = peel_iterable(self, expr)
-        if isinstance(expr, cst.Call):
-            if has_qname(self, expr.func, DATALOADERS):
-                return True
-            func = self.functions.get(expr.func.value) if isinstance(expr.func, cst.Name) else None
-            return func is not None and any(has_qname(self, c.func, DATALOADERS) for c in findall(func, m.Call()))
-        if isinstance(expr, cst.Attribute):
-            ref = ref_of(self, expr)
-            return any(self._loader_like(a.value, seen) for a in self.assigns.get(ref, [])) if ref else False
-        if not isinstance(expr, cst.Name) or id(expr) in seen:
-            return False
-        seen.add(id(expr))
-        scope = self.get_metadata(ScopeProvider, expr, None)
-        if scope is None:
-            return False
-        for assignment in scope[expr.value]:
-            node = getattr(assignment, "node", None)
-            if isinstance(node, cst.Param):
-                func = self.get_metadata(ParentNodeProvider, node, None)
-                while func is not None and not isinstance(func, cst.FunctionDef):
-                    func = self.get_metadata(ParentNodeProvider, func, None)
-                sites = self.call_sites(func.name.value, func) if func is not None and self.functions.get(
-                    func.name.value) is func else []
-                if sites:  # a module-level helper: what its calls pass
-                    if any((arg := bound.get(node.name.value)) is not None and self._loader_like(arg, seen)
-                           for _, bound in sites):
-                        return True
-                    continue
-                annotation = node.annotation.annotation if node.annotation is not None else None
-                if "loader" in node.name.value.lower() or (
-                    annotation is not None and has_qname(self, annotation, DATALOADERS)
-                ):
-                    return True  # a method's `data_loader`, `loader: DataLoader`: said by the code itself
-                continue
-            parent = self.get_metadata(ParentNodeProvider, node, None) if node is not None else None
-            while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List, cst.AssignTarget)):
-                parent = self.get_metadata(ParentNodeProvider, parent, None)
-            if isinstance(parent, cst.Assign) and self._loader_like(parent.value, seen):
-                return True
-        return False
-
-    # ------------------------------------------------------------------ schedulers and prepare
-
-
-# Tensors a script makes by hand: on the CPU unless it says otherwise.
-_TENSOR_FACTORIES = frozenset(
-    f"torch.{name}" for name in (
-        "tensor", "as_tensor", "from_numpy", "randn", "rand", "randint", "randperm", "zeros", "ones", "empty",
-        "full", "arange", "linspace", "stack", "cat",
-    )
-)
 
 
 # What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
