@@ -19,11 +19,12 @@ import libcst.matchers as m
 
 from accelify import walk
 from accelify.walk import findall
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
+from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import accelerator, data, devices, helpers, objects, prepare_point, schedulers
+from accelify.analyses import accelerator, data, devices, helpers, mixed_precision, objects, prepare_point, schedulers
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods import these from here)
+from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py imports it from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.analysis import (
     ACCELERATOR_SPELLINGS,
@@ -36,22 +37,13 @@ from accelify.analysis import (
     qualified_names,
     ref_of,
     scope_key,
-    string_value,
     under_main_process_check,
 )
 
-GRAD_SCALERS = frozenset(
-    {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
-     "torch.amp.grad_scaler.GradScaler"}
-)
 DISTRIBUTED_SAMPLERS = frozenset(
     {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 )
 COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
-AUTOCASTS = frozenset(
-    {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast",
-     "torch.cuda.amp.autocast_mode.autocast"}
-)
 
 
 @dataclass
@@ -242,7 +234,7 @@ class _Analyzer(Facts):
         if not data.training_data(self, plan):
             return
         self._wrapped = objects.optimizer_wrappers(self, plan, in_owner, optimizers)
-        self._mixed_precision(module, in_owner)
+        mixed_precision.decide(self, plan, in_owner, self._wrapped, self._arguments)
         self._accumulation(module)
         if not self._multi_process_hazards():
             return
@@ -379,149 +371,6 @@ class _Analyzer(Facts):
 
         return not refused
 
-    # ------------------------------------------------------------------ mixed precision
-
-    def _mixed_precision(self, module: cst.Module, in_owner: dict[Ref, list[cst.Assign]]) -> None:
-        """Replace a GradScaler and autocast by the Accelerator's, when every use is one it can map."""
-        plan = self.plan
-        scalers = [
-            (ref, a) for ref, assigns in in_owner.items() for a in assigns
-            if isinstance(a.value, cst.Call) and has_qname(self, a.value.func, GRAD_SCALERS)
-        ]
-        autocasts = [c for c in self.calls if has_qname(self, c.func, AUTOCASTS)]
-        if not scalers and not autocasts:
-            return
-        anchor = scalers[0][1] if scalers else autocasts[0]
-
-        def refuse(why: str) -> None:
-            self.finding(self.plan, anchor, "ACC112", f"mixed precision left as it is: {why}.",
-                         'create the Accelerator with `mixed_precision="fp16"` (or "bf16"), call '
-                         "`accelerator.backward(loss)` and use `with accelerator.autocast():`.")
-
-        if plan.has_accelerator:
-            return refuse("the script already has an Accelerator")
-        if self._wrapped:
-            return refuse("the optimizer is wrapped (ACC118), `prepare` would not unscale its gradients")
-        if len(scalers) > 1 or len({r for r, _ in scalers}) > 1:
-            return refuse("more than one GradScaler")
-        precisions = set()
-        switches: list[tuple[Optional[cst.BaseExpression], cst.CSTNode]] = []
-        if scalers:
-            ref, assign = scalers[0]
-            switch = self._scaler_switch(assign.value)  # type: ignore[arg-type]
-            if switch is False:
-                return refuse("the GradScaler has arguments Accelerate does not take from it")
-            switches.append((switch, assign))  # type: ignore[arg-type]
-            if not self._scaler_uses_ok(module, ref):
-                return refuse("the GradScaler is used beyond `scale(loss).backward()`, `step`, `update` and `unscale_`")
-            precisions.add("fp16")
-        for call in autocasts:
-            found = self._autocast_precision(call)
-            if found is None:
-                return refuse("an autocast that is not a plain `with` on CUDA with a float16/bfloat16 dtype")
-            precision, switch = found
-            precisions.add(precision)
-            switches.append((switch, call))
-        if len(precisions) != 1:
-            return refuse("float16 and bfloat16 are mixed")
-        flags = {None if flag is None else "".join(code_of(flag).split()) for flag, _ in switches}
-        if len(flags) != 1:
-            if None in flags:
-                return refuse("mixed precision is switched by `enabled=` in some places only")
-            return refuse("mixed precision is switched by different flags")
-        precision = f'"{precisions.pop()}"'
-        flag = switches[0][0]
-        if flag is not None:
-            if not all(self._arguments.available(f, at) for f, at in switches):  # type: ignore[arg-type]
-                return refuse("the `enabled=` flag is not known where the Accelerator is created")
-            text = self._arguments.use(flag)
-            if not isinstance(flag, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
-                text = f"({text})"
-            precision = f'{precision} if {text} else "no"'
-        plan.mixed_precision = precision
-        plan.scalers = {r[1] for r, _ in scalers}
-
-    def _scaler_switch(self, call: cst.Call):
-        """None (always on), the ``enabled=`` expression, or False when an argument cannot be mapped."""
-        generic = has_qname(self, call.func, frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"}))
-        switch = None
-        for i, arg in enumerate(call.args):
-            keyword = arg.keyword.value if arg.keyword is not None else None
-            if keyword is None and generic and i == 0:
-                keyword = "device"
-            if keyword == "device":
-                if string_value(arg.value) != "cuda":
-                    return False
-            elif keyword == "enabled":
-                switch = _switch(arg.value)
-                if switch is False:
-                    return False
-            else:
-                return False
-        return switch
-
-    def _scaler_uses_ok(self, module: cst.Module, ref: Ref) -> bool:
-        name = ref[1]
-        if name.startswith("self."):
-            nodes = findall(module, m.Attribute(value=m.Name("self"), attr=m.Name(name[5:])))
-        else:
-            nodes = findall(module, m.Name(name))
-        for node in nodes:
-            if ref_of(self, node) != ref:
-                continue
-            parent = self.get_metadata(ParentNodeProvider, node, None)
-            if isinstance(parent, cst.AssignTarget):
-                continue
-            call = self.get_metadata(ParentNodeProvider, parent, None) if parent is not None else None
-            if not (isinstance(parent, cst.Attribute) and isinstance(call, cst.Call) and call.func is parent):
-                return False
-            if parent.attr.value == "scale":
-                outer = self.get_metadata(ParentNodeProvider, call, None)
-                backward = self.get_metadata(ParentNodeProvider, outer, None) if outer is not None else None
-                if not (m.matches(outer, m.Attribute(attr=m.Name("backward"))) and isinstance(backward, cst.Call)):
-                    return False
-            elif parent.attr.value not in ("step", "update", "unscale_"):
-                return False
-            if self.plan.accelerator_in(key_at(self, node)) is None:
-                return False
-        return True
-
-    def _autocast_precision(self, call: cst.Call) -> Optional[tuple[str, Optional[cst.BaseExpression]]]:
-        """("fp16"|"bf16", the ``enabled=`` flag or None) of a ``with`` autocast accelify can map."""
-        if not isinstance(self.get_metadata(ParentNodeProvider, call, None), cst.WithItem):
-            return None
-        if self.plan.accelerator_in(key_at(self, call)) is None:
-            return None
-        generic = not has_qname(self, call.func, frozenset({"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}))
-        dtype: Optional[cst.BaseExpression] = None
-        switch: Optional[cst.BaseExpression] = None
-        for i, arg in enumerate(call.args):
-            keyword = arg.keyword.value if arg.keyword is not None else None
-            if keyword is None and generic and i == 0:
-                keyword = "device_type"
-            elif keyword is None and generic and i == 1:
-                keyword = "dtype"
-            if keyword == "device_type":
-                if string_value(arg.value) != "cuda":
-                    return None
-            elif keyword == "dtype":
-                dtype = arg.value
-            elif keyword == "enabled":
-                found = _switch(arg.value)
-                if found is False:
-                    return None
-                switch = found  # type: ignore[assignment]
-            else:
-                return None  # cache_enabled=, or positional flags: not mapped
-        if dtype is None:
-            return "fp16", switch
-        names = qualified_names(self, dtype)
-        if names & {"torch.bfloat16"}:
-            return "bf16", switch
-        if names & {"torch.float16", "torch.half"}:
-            return "fp16", switch
-        return None
-
     def _tensor_backward(self, call: cst.Call) -> bool:
         """``loss.backward()``, not the function ``torch.autograd.backward(...)``."""
         return not qualified_names(self, call.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
@@ -572,14 +421,6 @@ _PROCESS_GROUP = frozenset(
      "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
 )
 
-
-def _switch(value: cst.BaseExpression):
-    """``enabled=<value>``: None when always on (``True``), False when always off, else the flag."""
-    if m.matches(value, m.Name("True")):
-        return None
-    if m.matches(value, m.Name("False")):
-        return False
-    return value
 
 
 def analyze(wrapper: MetadataWrapper) -> Plan:
