@@ -22,7 +22,9 @@ from accelify.walk import findall
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from accelify.accumulation import code_of
-from accelify.analyses import accelerator, data, devices, helpers, mixed_precision, objects, prepare_point, schedulers
+from accelify.analyses import (
+    accelerator, data, devices, gradient_accumulation, helpers, mixed_precision, objects, prepare_point, schedulers,
+)
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods import these from here)
 from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py imports it from here)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
@@ -33,9 +35,7 @@ from accelify.analysis import (
     Ref,
     has_qname,
     key_at,
-    peel_iterable,
     qualified_names,
-    ref_of,
     scope_key,
     under_main_process_check,
 )
@@ -235,7 +235,7 @@ class _Analyzer(Facts):
             return
         self._wrapped = objects.optimizer_wrappers(self, plan, in_owner, optimizers)
         mixed_precision.decide(self, plan, in_owner, self._wrapped, self._arguments)
-        self._accumulation(module)
+        gradient_accumulation.decide(self, plan, self._wrapped, self._scheduler_calls, self._arguments)
         if not self._multi_process_hazards():
             return
         plan.convertible = True
@@ -255,43 +255,6 @@ class _Analyzer(Facts):
             "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
             "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
         )
-
-    # ------------------------------------------------------------------ gradient accumulation
-    def _accumulation(self, module: cst.Module) -> None:
-        """Replace a hand-written accumulation by Accelerate's when the update is provably the same (ACC117 else)."""
-        from accelify.accumulation import looks_manual, match
-
-        plan = self.plan
-        loops = [
-            loop for loop in self.loops
-            if ref_of(self, peel_iterable(self, loop.iter)) in plan.flow["loader"] and looks_manual(loop)
-        ]
-        for loop in loops:
-            found = "the script already has an Accelerator" if plan.has_accelerator else match(self, loop, plan)
-            reason = found if isinstance(found, str) else None
-            if reason is None:
-                if len(loops) != 1:
-                    reason = "more than one loop accumulates gradients"
-                elif self._wrapped:
-                    reason = "the optimizer is wrapped (ACC118)"
-                elif not all(self._plain_scheduler(c) for c in self._scheduler_calls):
-                    reason = ("a prepared scheduler that is not a plain `torch.optim.lr_scheduler` one (Accelerate "
-                              "counts the accumulated batches in `_step_count`, which OneCycleLR reads)")
-                elif len(self.backwards) != 1:
-                    reason = "the file calls `.backward()` more than once, and the Accelerator divides every loss"
-                elif plan.accelerator_in(key_at(self, loop)) is None:
-                    reason = "this loop cannot reach the Accelerator"
-                elif not self._arguments.available(found.steps, found.steps):  # type: ignore[union-attr]
-                    reason = "N is not known where the Accelerator is created"
-            if reason is not None:
-                self.finding(
-                    self.plan, loop, "ACC117", f"gradient accumulation done by hand is kept as it is: {reason}.",
-                    "create `Accelerator(gradient_accumulation_steps=N)`, put the loop body under "
-                    "`with accelerator.accumulate(model):`, drop the division by N and step when "
-                    "`accelerator.sync_gradients` (every N batches and at the end of the dataloader).",
-                )
-                continue
-            plan.accumulation_steps = self._arguments.use(found.steps)  # type: ignore[union-attr]
 
     def _wrapped_model_attributes(self) -> bool:
         """ACC120: ``model.generate(...)``, ``model.config`` on a prepared model.
@@ -333,13 +296,6 @@ class _Analyzer(Facts):
                 "`torch.no_grad()`, at evaluation), or make it part of `forward`.",
             )
         return bool(reported)
-
-    def _plain_scheduler(self, call: cst.Call) -> bool:
-        """A scheduler whose learning rate does not depend on ``_step_count`` under ``accumulate``."""
-        names = qualified_names(self, call.func)
-        if any(n.endswith("OneCycleLR") for n in names):
-            return False
-        return any(n.startswith(objects.TORCH_SCHEDULER_PREFIX) or objects.SCHEDULER_FACTORY.search(n) for n in names)
 
     # ------------------------------------------------------------------ hazards left for a human
     def _multi_process_hazards(self) -> bool:
