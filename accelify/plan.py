@@ -15,35 +15,21 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import libcst as cst
-import libcst.matchers as m
+from libcst.metadata import MetadataWrapper
 
 from accelify import walk
-from accelify.walk import findall
-from libcst.metadata import MetadataWrapper, ScopeProvider
-
-from accelify.accumulation import code_of
 from accelify.analyses import (
-    accelerator, data, devices, gradient_accumulation, helpers, mixed_precision, objects, prepare_point, schedulers,
+    accelerator, data, devices, gradient_accumulation, hazards, helpers, mixed_precision, objects, prepare_point,
+    schedulers,
 )
-from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods import these from here)
-from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py imports it from here)
-from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
-from accelify.analysis import (
-    ACCELERATOR_SPELLINGS,
-    MODULE,
-    RawFinding,
-    Ref,
-    has_qname,
-    key_at,
-    qualified_names,
-    scope_key,
-    under_main_process_check,
-)
+from accelify.analyses.facts import KINDS, Facts
+from accelify.analysis import MODULE, RawFinding, Ref
 
-DISTRIBUTED_SAMPLERS = frozenset(
-    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
-)
-COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+# Names other modules import from here (the analyses lived in this module before they were split).
+from accelify.analyses.facts import bind_arguments, param_names  # noqa: F401 (codemods)
+from accelify.analyses.hazards import MODULE_API  # noqa: F401 (codemods/unwrap.py)
+from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py)
+from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 
 
 @dataclass
@@ -178,18 +164,9 @@ class _Analyzer(Facts):
         plan = self.plan
         optimizers = objects.optimizers(self)
         if not optimizers:
-            self._untrained_backward()
+            hazards.untrained_backward(self, plan)
             return
-        own_group = next((c for c in self.calls if has_qname(self, c.func, _PROCESS_GROUP)), None)
-        if own_group is not None and not plan.has_accelerator:
-            self.finding(
-                self.plan, own_group, "ACC126",
-                f"this script manages its own processes (`{code_of(own_group.func)}`): DistributedDataParallel, "
-                "process groups and per-rank devices are not converted yet, and half a conversion would wrap "
-                "the model twice. File not converted.",
-                "remove the process-group set-up, DDP wrapper and DistributedSampler by hand (Accelerate and "
-                "`accelerate launch` / `torchrun` do all three), then run accelify on the plain script.",
-            )
+        if hazards.manages_own_processes(self, plan):
             return
         first = min((a for a, _ in optimizers.values()), key=self.line)
         if not prepare_point.setup_scope(self, plan, optimizers, first):
@@ -223,159 +200,16 @@ class _Analyzer(Facts):
         if not prepare_point.place(self, plan):
             return
         helpers.needs_accelerator(self, plan)
-        unreachable = self._backward_out_of_reach()
-        if unreachable is not None:
-            self.finding(
-                self.plan, unreachable, "ACC106", "this backward cannot reach the script's Accelerator, and with a prepared "
-                "optimizer a plain backward is wrong under fp16, accumulation or DeepSpeed; file not converted.",
-                "pass the accelerator to this function and call `accelerator.backward(loss)`.",
-            )
+        if not hazards.backwards_in_reach(self, plan):
             return
         if not data.training_data(self, plan):
             return
         self._wrapped = objects.optimizer_wrappers(self, plan, in_owner, optimizers)
         mixed_precision.decide(self, plan, in_owner, self._wrapped, self._arguments)
         gradient_accumulation.decide(self, plan, self._wrapped, self._scheduler_calls, self._arguments)
-        if not self._multi_process_hazards():
+        if not hazards.multi_process(self, plan):
             return
         plan.convertible = True
-
-    def _untrained_backward(self) -> None:
-        """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
-        is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
-        backwards = [c for c in self.backwards if self._tensor_backward(c)
-                     and code_of(c.func.value) not in ACCELERATOR_SPELLINGS]  # type: ignore[attr-defined]
-        if not backwards or self.plan.has_accelerator or findall(self.module, m.Name("Accelerator")):
-            return
-        self.finding(
-            self.plan, backwards[0], "ACC125",
-            "this file runs a backward pass, but builds no optimizer accelify recognises (a `torch.optim` class, or "
-            "an optimizer over `model.parameters()`): the parameters are updated by hand, or by an optimizer "
-            "made elsewhere. File not converted.",
-            "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
-            "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
-        )
-
-    def _wrapped_model_attributes(self) -> bool:
-        """ACC120: ``model.generate(...)``, ``model.config`` on a prepared model.
-
-        In a multi-process run ``prepare`` returns a DistributedDataParallel wrapper,
-        which has the ``nn.Module`` API and nothing of the model's own: an attribute
-        of the model raises AttributeError there (and setting one sets it on the
-        wrapper).  Code in the setup scope before the ``prepare`` point still holds
-        the plain model and is not reported. True when one is found: the file is not converted.
-        """
-        from accelify.codemods.unwrap import model_attribute, plain_model_statements, why_not_unwrapped
-
-        plan = self.plan
-        if plan.has_prepare:
-            return False
-        plain = {
-            id(n) for stmt in plain_model_statements(self.module, plan, self.trainers)
-            for n in findall(stmt, m.Attribute())
-        }
-        reported: set[tuple[Optional[str], str, str]] = set()
-        for node in findall(self.module, m.Attribute()):
-            if id(node) in plain or not model_attribute(self, node, plan):  # type: ignore[arg-type]
-                continue
-            why = why_not_unwrapped(self, node, plan)  # type: ignore[arg-type]
-            if why is None:
-                continue  # ACC016 reads it through `accelerator.unwrap_model(...)`
-            attr = node.attr.value  # type: ignore[attr-defined]
-            key = key_at(self, node)
-            model = code_of(node.value)  # type: ignore[attr-defined]
-            if (key, model, attr) in reported:
-                continue
-            reported.add((key, model, attr))
-            accelerator = plan.accelerator_in(key) or plan.accelerator
-            self.finding(
-                self.plan, node, "ACC120",
-                f"`{model}.{attr}` is the model's own attribute, and {why}: in a multi-process run `prepare` "
-                "returns a DistributedDataParallel wrapper without it. File not converted.",
-                f"use `{accelerator}.unwrap_model({model}).{attr}` outside the training step (under "
-                "`torch.no_grad()`, at evaluation), or make it part of `forward`.",
-            )
-        return bool(reported)
-
-    # ------------------------------------------------------------------ hazards left for a human
-    def _multi_process_hazards(self) -> bool:
-        """Constructs that are fine in one process and wrong in several (ACC115, ACC116, ACC119)."""
-        from accelify.early_stop import EarlyStops
-
-        self.plan.findings.extend(
-            EarlyStops(self, self.plan, self.module, [*self.loops, *self.whiles], self.exits).findings()
-        )
-        refused = self._wrapped_model_attributes()
-        for call in self.calls:
-            if has_qname(self, call.func, DISTRIBUTED_SAMPLERS):
-                self.finding(
-                    self.plan, call, "ACC115", "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
-                    "drop the sampler (use `shuffle=True` on the DataLoader) and let `prepare` shard the data.",
-                )
-            func = call.func
-            if (
-                isinstance(func, cst.Attribute)
-                and func.attr.value in COLLECTIVES
-                and cst.Module(body=[]).code_for_node(func.value) in (self.plan.accelerator, *ACCELERATOR_SPELLINGS)
-                and under_main_process_check(self, call)
-            ):
-                self.finding(
-                    self.plan, call, "ACC116", f"`{func.attr.value}` is a collective: under a main-process check the other "
-                    "processes never reach it and the run hangs.",
-                    "call it outside the `if accelerator.is_main_process:` block, on every process.",
-                )
-
-        return not refused
-
-    def _tensor_backward(self, call: cst.Call) -> bool:
-        """``loss.backward()``, not the function ``torch.autograd.backward(...)``."""
-        return not qualified_names(self, call.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
-
-    def _backward_out_of_reach(self) -> Optional[cst.Call]:
-        """A tensor ``.backward()`` that cannot go through the Accelerator.
-
-        With the optimizer prepared, such a backward is wrong as soon as the launcher picks
-        fp16 (the prepared optimizer unscales gradients nobody scaled), accumulation or
-        DeepSpeed: the file is better left as it is.
-        """
-        plan = self.plan
-        for call in self.backwards:
-            key = key_at(self, call)
-            if key is None or plan.accelerator_in(key) is not None or key in plan.needs_accelerator:
-                continue
-            if not self._tensor_backward(call):
-                continue
-            if code_of(call.func.value) in (plan.accelerator, *ACCELERATOR_SPELLINGS):  # type: ignore[attr-defined]
-                continue
-            scope = self.get_metadata(ScopeProvider, call, None)
-            if scope is not None and any(scope_key(a.scope) == key for a in scope["accelerator"]):
-                continue  # hand-written Accelerate code with its own accelerator
-            return call
-        return None
-
-
-
-# What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
-# the wrapper's own (ACC006 rewrites it).
-MODULE_API = frozenset({
-    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "eval",
-    "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
-    "load_state_dict", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",
-    "parameters", "register_backward_hook", "register_buffer", "register_forward_hook",
-    "register_forward_pre_hook", "register_full_backward_hook", "register_full_backward_pre_hook",
-    "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook", "register_module",
-    "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook", "requires_grad_",
-    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
-    "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
-})
-
-
-# A script that runs its own distributed training (issue 10 converts them; until then: refused).
-_PROCESS_GROUP = frozenset(
-    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",
-     "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
-     "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
-)
 
 
 
