@@ -7,6 +7,10 @@ device, train_loader, optimizer, epoch)``).  The :class:`Plan` it returns holds
 only *refs*, ``(scope key, name)`` pairs such as ``("main", "model")`` or
 ``("Trainer", "self.model")``, never nodes: refs stay valid while the codemods
 rewrite the tree pass after pass.
+
+How each part is decided lives in :mod:`accelify.analyses`, one concern a module
+(what to prepare, the device, schedulers, mixed precision, ...): :func:`analyze`
+collects the file's facts in one visit and ``_decide`` runs the analyses in order.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from accelify import walk
@@ -149,84 +152,74 @@ class Plan:
         return None
 
 
-class _Analyzer(Facts):
-    def __init__(self) -> None:
-        super().__init__()
-        self.plan = Plan()
-        self._scheduler_calls: list[cst.Call] = []  # constructions of the per-batch schedulers
-
-    def leave_Module(self, original_node: cst.Module) -> None:
-        super().leave_Module(original_node)
-        self._finish(original_node)  # metadata is only available during the visit
-
-    # ------------------------------------------------------------------ the plan
-    def _finish(self, module: cst.Module) -> None:
-        plan = self.plan
-        optimizers = objects.optimizers(self)
-        if not optimizers:
-            hazards.untrained_backward(self, plan)
-            return
-        if hazards.manages_own_processes(self, plan):
-            return
-        first = min((a for a, _ in optimizers.values()), key=self.line)
-        if not prepare_point.setup_scope(self, plan, optimizers, first):
-            return
-        accelerator.existing(self, plan)
-        if any(f.code == "ACC100" for f in plan.findings):
-            return
-
-        in_owner = objects.setup_assigns(self, plan)
-        if not objects.training_objects(self, plan, optimizers, in_owner):
-            return
-        if plan.method_mode and not prepare_point.init_objects(self, plan):
-            return
-        plan.flow["loader"] = plan.refs(plan.dataloaders)
-        plan.flow["model"] = plan.refs(plan.models)
-        if not prepare_point.reaches_training(self, plan, first):
-            return
-        if not devices.classify(self, plan, in_owner):
-            return
-        plan.flow["device"] = plan.refs(sorted(plan.devices))
-        if not data.placed(self, plan, first):
-            return
-        self._arguments = accelerator.Arguments(self, plan, in_owner)
-        if not plan.devices and plan.cpu_flag is None:
-            devices.placement_flag(self, plan, self._arguments)
-        helpers.flows(self, plan)
-        scheduler_calls = schedulers.decide(self, plan, in_owner, set(optimizers))
-        if scheduler_calls is None:
-            return
-        self._scheduler_calls = scheduler_calls
-        if not prepare_point.place(self, plan):
-            return
-        helpers.needs_accelerator(self, plan)
-        if not hazards.backwards_in_reach(self, plan):
-            return
-        if not data.training_data(self, plan):
-            return
-        self._wrapped = objects.optimizer_wrappers(self, plan, in_owner, optimizers)
-        mixed_precision.decide(self, plan, in_owner, self._wrapped, self._arguments)
-        gradient_accumulation.decide(self, plan, self._wrapped, self._scheduler_calls, self._arguments)
-        if not hazards.multi_process(self, plan):
-            return
-        plan.convertible = True
-
-
-
 def analyze(wrapper: MetadataWrapper) -> Plan:
-    analyzer = _Analyzer()
+    """The plan of the module ``wrapper`` wraps."""
+    facts = Facts()
     index = walk.active()
     if index is None or index.order[0] is not wrapper.module:
-        wrapper.visit(analyzer)
-        return analyzer.plan
+        with facts.resolve(wrapper):  # the metadata is only available while resolved
+            wrapper.module.visit(facts)
+            return _decide(facts)
     # The analysis only looks on the way down: run it over the indexed pre-order, no traversal.
-    analyzer.metadata = {dep: wrapper.resolve(dep) for dep in analyzer.get_inherited_dependencies()}
+    facts.metadata = {dep: wrapper.resolve(dep) for dep in facts.get_inherited_dependencies()}
     methods: dict[type, object] = {}
     for node in index.order:
         method = methods.get(type(node), False)
         if method is False:
-            method = methods[type(node)] = getattr(analyzer, f"visit_{type(node).__name__}", None)
+            method = methods[type(node)] = getattr(facts, f"visit_{type(node).__name__}", None)
         if method is not None:
             method(node)  # type: ignore[operator]
-    analyzer.leave_Module(wrapper.module)
-    return analyzer.plan
+    facts.leave_Module(wrapper.module)
+    return _decide(facts)
+
+
+def _decide(facts: Facts) -> Plan:
+    """The analyses, in order: each reads the facts and what those before it decided.  An analysis
+    that refuses the file reports why (a finding) and the plan stays not ``convertible``."""
+    plan = Plan()
+    optimizers = objects.optimizers(facts)
+    if not optimizers:
+        hazards.untrained_backward(facts, plan)
+        return plan
+    if hazards.manages_own_processes(facts, plan):
+        return plan
+    first = min((a for a, _ in optimizers.values()), key=facts.line)
+    if not prepare_point.setup_scope(facts, plan, optimizers, first):
+        return plan
+    if not accelerator.spelling(facts, plan):
+        return plan
+    in_owner = objects.setup_assigns(facts, plan)
+    if not objects.training_objects(facts, plan, optimizers, in_owner):
+        return plan
+    if plan.method_mode and not prepare_point.init_objects(facts, plan):
+        return plan
+    plan.flow["loader"] = plan.refs(plan.dataloaders)
+    plan.flow["model"] = plan.refs(plan.models)
+    if not prepare_point.reaches_training(facts, plan, first):
+        return plan
+    if not devices.classify(facts, plan, in_owner):
+        return plan
+    plan.flow["device"] = plan.refs(sorted(plan.devices))
+    if not data.placed(facts, plan, first):
+        return plan
+    arguments = accelerator.Arguments(facts, plan, in_owner)
+    if not plan.devices and plan.cpu_flag is None:
+        devices.placement_flag(facts, plan, arguments)
+    helpers.flows(facts, plan)
+    scheduler_calls = schedulers.decide(facts, plan, in_owner, set(optimizers))
+    if scheduler_calls is None:
+        return plan
+    if not prepare_point.place(facts, plan):
+        return plan
+    helpers.needs_accelerator(facts, plan)
+    if not hazards.backwards_in_reach(facts, plan):
+        return plan
+    if not data.training_data(facts, plan):
+        return plan
+    wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
+    mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)
+    gradient_accumulation.decide(facts, plan, wrapped, scheduler_calls, arguments)
+    if not hazards.multi_process(facts, plan):
+        return plan
+    plan.convertible = True
+    return plan

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from accelify.plan import Plan
 
 
-def existing(facts: Facts, plan: Plan) -> None:
-    """The Accelerator the setup scope already has, or the name of the new one (ACC100 when taken)."""
+def spelling(facts: Facts, plan: Plan) -> bool:
+    """How the setup scope spells its Accelerator: the one it already has, or the name of the new
+    one; False (ACC100) when that name, or ``Accelerator``, is taken."""
     for ref, assigns in facts.assigns.items():
         for assign in assigns:
             if isinstance(assign.value, cst.Call) and has_qname(facts, assign.value.func, ACCELERATOR_CLASS):
@@ -70,6 +71,7 @@ def existing(facts: Facts, plan: Plan) -> None:
                 "import it under another name (`from mylib import Accelerator as MyAccelerator`), then run "
                 "accelify again.",
             )
+    return not any(f.code == "ACC100" for f in plan.findings)
 
 
 def _bound_otherwise(
