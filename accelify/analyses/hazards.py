@@ -142,7 +142,8 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
     for call in facts.calls:
         if has_qname(facts, call.func, DISTRIBUTED_SAMPLERS):
             facts.finding(
-                plan, call, "ACC115", "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
+                plan, call, "ACC115",
+                "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
                 "drop the sampler (use `shuffle=True` on the DataLoader) and let `prepare` shard the data.",
             )
         func = call.func

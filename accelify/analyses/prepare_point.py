@@ -190,7 +190,8 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
             handed = [a.value for a in call.args if ref_of(facts, a.value) in core]  # type: ignore[attr-defined]
             if call.func.value in facts.classes and handed:  # type: ignore[attr-defined]
                 facts.finding(
-                    plan, call, "ACC104", f"`{code_of(call.func)}` is handed `{code_of(handed[0])}` before the "  # type: ignore[attr-defined]
+                    plan, call, "ACC104",
+                    f"`{code_of(call.func)}` is handed `{code_of(handed[0])}` before the "  # type: ignore[attr-defined]
                     "last training object is built, where `prepare` goes: it would keep the unprepared "
                     "object. File not converted.",
                     f"build every training object first, then `{code_of(call.func)}(...)` after "  # type: ignore[attr-defined]
