@@ -15,7 +15,7 @@ from typing import Optional
 
 _SKIP = re.compile(r"#\s*accelify:\s*skip\b")
 
-#: A copy of ``accelify.plan._OPTIMIZER_NAME`` (plan imports LibCST, this module must not):
+#: A copy of ``accelify.analyses.objects._OPTIMIZER_NAME`` (the analyses import LibCST, this module must not):
 #: the two must stay equal (tests/test_precheck.py checks it).
 _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
 #: Under ``torch.optim`` but no optimizer: the analysis never takes these for one.

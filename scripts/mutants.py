@@ -98,9 +98,9 @@ MUTANTS = [
     ),
     Mutant(
         "mixed-scheduler-per-batch", "a scheduler stepped per batch and per epoch is prepared",
-        "accelify/plan.py",
-        '        return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"\n',
-        '        return "batch" if any(inside) else "epoch"\n',
+        "accelify/analyses/schedulers.py",
+        '    return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"\n',
+        '    return "batch" if any(inside) else "epoch"\n',
     ),
     # --- issue 8: what every process does, evaluation, reloads (second session)
     Mutant(
@@ -185,22 +185,22 @@ MUTANTS = [
     ),
     Mutant(
         "method-prepare-runs-twice", "a trainer's train() called twice prepares (wraps) the model twice",
-        "accelify/plan.py",
-        "        if len(uses) != 1:\n",
-        "        if len(uses) > 2:\n",
+        "accelify/analyses/prepare_point.py",
+        "    if len(uses) != 1:\n",
+        "    if len(uses) > 2:\n",
     ),
     Mutant(
         "early-sized-scheduler-unprepared", "a schedule sized before prepare decays N times too slowly",
-        "accelify/plan.py",
-        "                plan.sized_early.append(ref[1])\n",
-        "                pass\n",
+        "accelify/analyses/schedulers.py",
+        "            plan.sized_early.append(ref[1])\n",
+        "            pass\n",
         tests=tuple(E2E),
     ),
     Mutant(
         "trainer-built-before-prepare", "a trainer handed the model before prepare keeps the unprepared one",
-        "accelify/plan.py",
-        "                if call.func.value in self.classes and handed:  # type: ignore[attr-defined]\n",
-        "                if False:\n",
+        "accelify/analyses/prepare_point.py",
+        "            if call.func.value in facts.classes and handed:  # type: ignore[attr-defined]\n",
+        "            if False:\n",
     ),
     Mutant(
         "handed-model-state-saved", "a callback saves the wrapper's module. keys on every process",

@@ -1,0 +1,151 @@
+"""The data a backward trains on: does it come from a dataloader ``prepare`` shards and places?
+
+``prepare`` shards a DataLoader between the processes and moves its batches to the device.  Data
+that comes from anything else is neither: tensors the script makes by hand stay on the CPU when it
+places nothing itself (ACC121), a DataLoader ``prepare`` does not see feeds every process all of
+it while the model trains as one (ACC123), and data that is no DataLoader is trained on whole by
+every process, correct but no faster (ACC124).
+
+Input: the facts (backwards and the loops around them, calls, helpers' call sites), the prepared
+dataloaders (``plan.dataloaders``, ``plan.flow["loader"]``) and devices.  Output: refusals ACC121
+and ACC123; the note ACC124.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider, ScopeProvider
+
+from accelify.accumulation import code_of
+from accelify.analyses.facts import Facts
+from accelify.analysis import DATALOADERS, has_qname, peel_iterable, ref_of
+from accelify.walk import findall
+
+if TYPE_CHECKING:
+    from accelify.plan import Plan
+
+# Tensors a script makes by hand: on the CPU unless it says otherwise.
+_TENSOR_FACTORIES = frozenset(
+    f"torch.{name}" for name in (
+        "tensor", "as_tensor", "from_numpy", "randn", "rand", "randint", "randperm", "zeros", "ones", "empty",
+        "full", "arange", "linspace", "stack", "cat",
+    )
+)
+
+
+def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
+    """False (ACC121, reported at the first optimizer) when the script trains on tensors it makes by
+    hand and places nothing: ``prepare`` would move the model and leave the data on the CPU."""
+    if (not plan.dataloaders and not plan.devices and not plan.has_accelerator and ".cuda(" not in facts.module.code
+            and any(has_qname(facts, c.func, _TENSOR_FACTORIES) for c in facts.calls)):
+        facts.finding(
+            plan, first, "ACC121", "the training data does not come from a DataLoader and the script places nothing "
+            "on a device: `prepare` would move the model to the accelerator and leave the data on the CPU. "
+            "File not converted.",
+            "build the data with a `torch.utils.data.DataLoader` (prepare places its batches), or move the "
+            "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
+        )
+        return False
+    return True
+
+
+def training_data(facts: Facts, plan: Plan) -> bool:
+    """Every loop around a backward should draw from a prepared dataloader.
+
+    A DataLoader accelify does not prepare (returned by a helper, built elsewhere) would feed
+    every process the whole dataset while the model trains as one: ACC123, file unchanged.
+    Data that is no DataLoader (hand-sliced tensors, ``get_batch()``) cannot be prepared: the
+    conversion goes on and ACC124 says that every process trains on all of it.
+    """
+    reported = False
+    for call in facts.backwards:
+        loops = []
+        node = facts.get_metadata(ParentNodeProvider, call, None)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            if isinstance(node, cst.For):
+                loops.append(node)
+            node = facts.get_metadata(ParentNodeProvider, node, None)
+        if not loops or any(_prepared_data(facts, plan, loop.iter, 0) for loop in loops):
+            continue
+        for loop in loops:
+            if _loader_like(facts, loop.iter, set()):
+                what = code_of(peel_iterable(facts, loop.iter))
+                facts.finding(
+                    plan, loop, "ACC123",
+                    f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare (it is not "
+                    "built where the model and optimizer are, nor returned there by a helper of this file that "
+                    "builds it on every path): every process would train on all of it. "
+                    "File not converted.",
+                    "build the DataLoader beside the model and optimizer, or pass it through the same "
+                    "`accelerator.prepare(...)` call.",
+                )
+                return False
+        if not reported:
+            reported = True
+            facts.finding(
+                plan, loops[0], "ACC124",
+                f"the training data (`{code_of(peel_iterable(facts, loops[0].iter))}`) does not come from a "
+                "DataLoader: it is not sharded, every process trains on all of it (correct, but no faster).",
+                "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, or "
+                "slice it per process with `accelerator.split_between_processes`.",
+            )
+    return True
+
+
+def _prepared_data(facts: Facts, plan: Plan, expr: cst.BaseExpression, depth: int) -> bool:
+    """Does ``expr`` draw from a prepared dataloader, directly or through names bound to
+    wrappers of one (``epoch_iterator = tqdm(train_dataloader)``)?"""
+    expr = peel_iterable(facts, expr)
+    if ref_of(facts, expr) in plan.flow["loader"]:
+        return True
+    if isinstance(expr, cst.Call) and depth < 4:
+        return any(_prepared_data(facts, plan, arg.value, depth + 1) for arg in expr.args[:1])
+    return depth < 4 and any(_prepared_data(facts, plan, v, depth + 1) for v in facts.bound_values(expr))
+
+
+def _loader_like(facts: Facts, expr: cst.BaseExpression, seen: set[int]) -> bool:
+    """Could ``expr`` hold a DataLoader: one built by the constructor, or returned by a function of
+    this file that builds one, followed through assignments and helper parameters."""
+    expr = peel_iterable(facts, expr)
+    if isinstance(expr, cst.Call):
+        if has_qname(facts, expr.func, DATALOADERS):
+            return True
+        func = facts.functions.get(expr.func.value) if isinstance(expr.func, cst.Name) else None
+        return func is not None and any(has_qname(facts, c.func, DATALOADERS) for c in findall(func, m.Call()))
+    if isinstance(expr, cst.Attribute):
+        ref = ref_of(facts, expr)
+        return any(_loader_like(facts, a.value, seen) for a in facts.assigns.get(ref, [])) if ref else False
+    if not isinstance(expr, cst.Name) or id(expr) in seen:
+        return False
+    seen.add(id(expr))
+    scope = facts.get_metadata(ScopeProvider, expr, None)
+    if scope is None:
+        return False
+    for assignment in scope[expr.value]:
+        node = getattr(assignment, "node", None)
+        if isinstance(node, cst.Param):
+            func = facts.get_metadata(ParentNodeProvider, node, None)
+            while func is not None and not isinstance(func, cst.FunctionDef):
+                func = facts.get_metadata(ParentNodeProvider, func, None)
+            sites = facts.call_sites(func.name.value, func) if func is not None and facts.functions.get(
+                func.name.value) is func else []
+            if sites:  # a module-level helper: what its calls pass
+                if any((arg := bound.get(node.name.value)) is not None and _loader_like(facts, arg, seen)
+                       for _, bound in sites):
+                    return True
+                continue
+            annotation = node.annotation.annotation if node.annotation is not None else None
+            if "loader" in node.name.value.lower() or (
+                annotation is not None and has_qname(facts, annotation, DATALOADERS)
+            ):
+                return True  # a method's `data_loader`, `loader: DataLoader`: said by the code itself
+            continue
+        parent = facts.get_metadata(ParentNodeProvider, node, None) if node is not None else None
+        while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List, cst.AssignTarget)):
+            parent = facts.get_metadata(ParentNodeProvider, parent, None)
+        if isinstance(parent, cst.Assign) and _loader_like(facts, parent.value, seen):
+            return True
+    return False

@@ -1,0 +1,181 @@
+"""The device: which names of the setup scope hold the automatic device, and the flag that picks the CPU.
+
+``device = torch.device("cuda" if torch.cuda.is_available() else "cpu")`` is what
+``Accelerator()`` picks by itself: such a name becomes ``accelerator.device``.  A choice made by
+a flag (``"cuda" if use_cuda else "cpu"``, an ``if args.cuda: ... else: ...`` chain, or with
+no device variable ``if args.cuda: model.cuda()``) stays the script's choice, as
+``Accelerator(cpu=not use_cuda)``.
+
+Input: the setup scope's assignments, the placements of the trained models (``plan.flow``), and
+:class:`~accelify.analyses.accelerator.Arguments` for what the flag may read.  Output:
+``plan.devices``, ``plan.string_devices``, ``plan.cpu_flag``; refusals ACC103 (a device bound
+more than once, not as an accelerator-or-CPU chain) and ACC102 (a device that forces the CPU, or
+a fixed or computed one).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from accelify.accumulation import code_of
+from accelify.analyses.accelerator import Arguments
+from accelify.analyses.facts import Facts, chain_root
+from accelify.analysis import Ref, classify_device, is_availability_check, read_names, ref_of, string_value
+from accelify.walk import findall
+
+if TYPE_CHECKING:
+    from accelify.plan import Plan
+
+
+def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) -> bool:
+    """Classify the device variables of the setup scope; False when the file must stay as it is."""
+    for ref, assigns in in_owner.items():
+        kinds = [classify_device(facts, a.value) for a in assigns if facts.single_target(a) == ref]
+        if not any(kinds):
+            continue
+        name = ref[1]
+        why = "is assigned more than once"
+        if len(assigns) >= 2:
+            why = _if_else_device(facts, plan, name, assigns) or ""
+            if not why:
+                continue
+        if len(assigns) != 1 or len(kinds) != 1 or kinds[0] is None:
+            facts.finding(plan, assigns[0], "ACC103", f"`{name}` {why}; file not converted.",
+                          "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.")
+            return False
+        kind, value = kinds[0], assigns[0].value
+        if kind.kind == "auto":
+            plan.devices.add(name)
+            if _is_string(value):
+                plan.string_devices.add(name)
+            flag = _flag_of(facts, value)
+            if flag is not None:
+                plan.cpu_flag = flag
+        elif kind.kind == "cpu":
+            facts.finding(plan, assigns[0], "ACC102",
+                          f"`{name}` forces the CPU; converting would move training to the accelerator. File not converted.",
+                          "use `Accelerator(cpu=True)` to keep training on the CPU.")
+            return False
+        else:
+            facts.finding(plan, assigns[0], "ACC102",
+                          f"`{name}` is a {kind.detail}, not the automatic choice Accelerate makes. File not converted.",
+                          "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.")
+            return False
+    return True
+
+
+def _if_else_device(facts: Facts, plan: Plan, name: str, assigns: list[cst.Assign]) -> Optional[str]:
+    """``if use_accel: device = <accelerator> [elif use_mps: device = <accelerator>] else: device = "cpu"``.
+
+    Every branch but the last picks an accelerator and the last the CPU: the tests
+    together are the flag, ``Accelerator(cpu=not (a or b))``. None when it is that shape,
+    else why not (for the finding).
+    """
+    top = _enclosing_if(facts, assigns[0])
+    if not isinstance(top, cst.If):
+        return "is assigned more than once"
+    tests: list[cst.BaseExpression] = []
+    branches: list[cst.BaseSuite] = []
+    node: cst.CSTNode = top
+    while isinstance(node, cst.If):
+        tests.append(node.test)
+        branches.append(node.body)
+        node = node.orelse  # type: ignore[assignment]
+    if not isinstance(node, cst.Else):
+        return "is chosen by an if/elif chain with no `else:` (no CPU fallback)"
+    branches.append(node.body)
+    busy = f"is chosen by an if/elif chain whose branches do more than set `{name}`"
+    if len(assigns) != len(branches) or not all(isinstance(b, cst.IndentedBlock) and len(b.body) == 1 for b in branches):
+        return busy
+    lines = [b.body[0] for b in branches]  # type: ignore[attr-defined]
+    for line, assign in zip(lines, assigns):
+        if not isinstance(line, cst.SimpleStatementLine) or line.body[0] is not assign:
+            return busy
+    kinds = [k.kind if (k := classify_device(facts, a.value)) else None for a in assigns]
+    if kinds != ["auto"] * (len(assigns) - 1) + ["cpu"]:
+        return "is chosen by an if/elif chain that is not accelerators first and the CPU last"
+    plan.devices.add(name)
+    flags = [t for t in tests if not is_availability_check(facts, t)]
+    if len(flags) == len(tests):
+        if len(tests) == 1:
+            plan.cpu_flag = _negate(tests[0])
+        else:
+            plan.cpu_flag = "not (" + " or ".join(
+                code_of(t) if not isinstance(t, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) else f"({code_of(t)})"
+                for t in tests
+            ) + ")"
+    elif flags:
+        return ("is chosen by an if/elif chain that mixes a flag with an availability check: no single "
+                "`Accelerator(cpu=...)` says the same")
+    return None
+
+
+def _enclosing_if(facts: Facts, assign: cst.Assign) -> Optional[cst.CSTNode]:
+    node: Optional[cst.CSTNode] = assign
+    for _ in range(5):  # Assign < line < block < (Else <) If
+        node = facts.get_metadata(ParentNodeProvider, node, None)
+        if node is None or isinstance(node, cst.If):
+            return node
+    return None
+
+
+def placement_flag(facts: Facts, plan: Plan, arguments: Arguments) -> None:
+    """``if args.cuda: model = model.cuda()``: the flag still decides, as ``Accelerator(cpu=not args.cuda)``.
+
+    Only when every placement of a trained model sits under one same test that is not
+    an availability check, and the Accelerator can read that test where it is created.
+    """
+    placements = [
+        call for call in facts.calls
+        if m.matches(call.func, m.Attribute(attr=m.Name("cuda") | m.Name("to")))
+        and ref_of(facts, chain_root(call.func.value)) in plan.flow["model"]  # type: ignore[attr-defined]
+    ]
+    tests = []
+    for call in placements:
+        parent = facts.get_metadata(ParentNodeProvider, call, None)
+        while parent is not None and not isinstance(parent, (cst.If, cst.FunctionDef, cst.Module)):
+            parent = facts.get_metadata(ParentNodeProvider, parent, None)
+        if not isinstance(parent, cst.If) or call in findall(parent.test, m.Call()):
+            return
+        tests.append(parent.test)
+    if not tests or len({"".join(code_of(t).split()) for t in tests}) != 1:
+        return
+    test = tests[0]
+    if is_availability_check(facts, test) or findall(test, m.Call()):
+        return
+    roots = read_names(test)
+    if not roots or not all(arguments.available(n, n) for n in roots):  # type: ignore[arg-type]
+        return
+    plan.cpu_flag = _negate(test)
+    arguments.use(test)
+
+
+def _is_string(value: cst.BaseExpression) -> bool:
+    """``"cuda"``, ``"cuda" if ... else "cpu"``, ``current_accelerator().type``: a device spelled as a string."""
+    if isinstance(value, cst.IfExp):
+        return _is_string(value.body) and _is_string(value.orelse)
+    if isinstance(value, cst.Attribute):
+        return value.attr.value == "type"
+    return string_value(value) is not None
+
+
+def _negate(test: cst.BaseExpression) -> str:
+    code = cst.Module(body=[]).code_for_node(test)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return cst.Module(body=[]).code_for_node(test.expression)
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        return f"not {code}"
+    return f"not ({code})"
+
+
+def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optional[str]:
+    """``torch.device("cuda" if use_cuda else "cpu")`` -> ``"not use_cuda"``; None for availability checks."""
+    if isinstance(value, cst.Call) and value.args:
+        value = value.args[0].value
+    if isinstance(value, cst.IfExp) and not is_availability_check(visitor, value.test):
+        return _negate(value.test)
+    return None

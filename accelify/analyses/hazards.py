@@ -1,0 +1,203 @@
+"""Hazards: code that trains correctly in one process and wrongly, or not at all, in several.
+
+Some refuse the file: a backward with no optimizer accelify recognises (ACC125), a script that
+manages its own processes (ACC126), a backward that cannot reach the Accelerator (ACC106), an
+attribute of the model read on the DistributedDataParallel wrapper ``prepare`` returns (ACC120).
+Others are reported for a human and the file is still converted: a DistributedSampler kept
+(ACC115), a collective under a main-process check (ACC116), leaving the training loop on a value
+each process computes from its own shard (ACC119, :mod:`accelify.early_stop`).
+
+Input: the facts (backwards, calls, loops and exits) and the whole plan so far (the Accelerator's
+spelling and reach, the prepared objects).  Output: those findings; no plan field.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ScopeProvider
+
+from accelify.accumulation import code_of
+from accelify.analyses.facts import Facts
+from accelify.analysis import (
+    ACCELERATOR_SPELLINGS, has_qname, key_at, qualified_names, scope_key, under_main_process_check,
+)
+from accelify.walk import findall
+
+if TYPE_CHECKING:
+    from accelify.plan import Plan
+
+DISTRIBUTED_SAMPLERS = frozenset(
+    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+)
+COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+
+# What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
+# the wrapper's own (ACC006 rewrites it).
+MODULE_API = frozenset({
+    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "eval",
+    "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
+    "load_state_dict", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",
+    "parameters", "register_backward_hook", "register_buffer", "register_forward_hook",
+    "register_forward_pre_hook", "register_full_backward_hook", "register_full_backward_pre_hook",
+    "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook", "register_module",
+    "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook", "requires_grad_",
+    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
+    "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
+})
+
+# A script that runs its own distributed training (issue 10 converts them; until then: refused).
+_PROCESS_GROUP = frozenset(
+    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",
+     "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
+     "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
+)
+
+
+def untrained_backward(facts: Facts, plan: Plan) -> None:
+    """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
+    is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
+    backwards = [c for c in facts.backwards if _tensor_backward(facts, c)
+                 and code_of(c.func.value) not in ACCELERATOR_SPELLINGS]  # type: ignore[attr-defined]
+    if not backwards or plan.has_accelerator or findall(facts.module, m.Name("Accelerator")):
+        return
+    facts.finding(
+        plan, backwards[0], "ACC125",
+        "this file runs a backward pass, but builds no optimizer accelify recognises (a `torch.optim` class, or "
+        "an optimizer over `model.parameters()`): the parameters are updated by hand, or by an optimizer "
+        "made elsewhere. File not converted.",
+        "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
+        "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
+    )
+
+
+def manages_own_processes(facts: Facts, plan: Plan) -> bool:
+    """ACC126: a script that sets up its own process group, DDP wrapper or spawned workers (and has no
+    Accelerator) is left as it is: True when it is one."""
+    own_group = next((c for c in facts.calls if has_qname(facts, c.func, _PROCESS_GROUP)), None)
+    if own_group is not None and not plan.has_accelerator:
+        facts.finding(
+            plan, own_group, "ACC126",
+            f"this script manages its own processes (`{code_of(own_group.func)}`): DistributedDataParallel, "
+            "process groups and per-rank devices are not converted yet, and half a conversion would wrap "
+            "the model twice. File not converted.",
+            "remove the process-group set-up, DDP wrapper and DistributedSampler by hand (Accelerate and "
+            "`accelerate launch` / `torchrun` do all three), then run accelify on the plain script.",
+        )
+        return True
+    return False
+
+
+def backwards_in_reach(facts: Facts, plan: Plan) -> bool:
+    """False (ACC106) when a tensor ``.backward()`` cannot reach the Accelerator."""
+    unreachable = _backward_out_of_reach(facts, plan)
+    if unreachable is not None:
+        facts.finding(
+            plan, unreachable, "ACC106", "this backward cannot reach the script's Accelerator, and with a prepared "
+            "optimizer a plain backward is wrong under fp16, accumulation or DeepSpeed; file not converted.",
+            "pass the accelerator to this function and call `accelerator.backward(loss)`.",
+        )
+        return False
+    return True
+
+
+def _tensor_backward(facts: Facts, call: cst.Call) -> bool:
+    """``loss.backward()``, not the function ``torch.autograd.backward(...)``."""
+    return not qualified_names(facts, call.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
+
+
+def _backward_out_of_reach(facts: Facts, plan: Plan) -> Optional[cst.Call]:
+    """A tensor ``.backward()`` that cannot go through the Accelerator.
+
+    With the optimizer prepared, such a backward is wrong as soon as the launcher picks
+    fp16 (the prepared optimizer unscales gradients nobody scaled), accumulation or
+    DeepSpeed: the file is better left as it is.
+    """
+    for call in facts.backwards:
+        key = key_at(facts, call)
+        if key is None or plan.accelerator_in(key) is not None or key in plan.needs_accelerator:
+            continue
+        if not _tensor_backward(facts, call):
+            continue
+        if code_of(call.func.value) in (plan.accelerator, *ACCELERATOR_SPELLINGS):  # type: ignore[attr-defined]
+            continue
+        scope = facts.get_metadata(ScopeProvider, call, None)
+        if scope is not None and any(scope_key(a.scope) == key for a in scope["accelerator"]):
+            continue  # hand-written Accelerate code with its own accelerator
+        return call
+    return None
+
+
+def multi_process(facts: Facts, plan: Plan) -> bool:
+    """Constructs that are fine in one process and wrong in several (ACC115, ACC116, ACC119; ACC120
+    refuses the file: False)."""
+    from accelify.early_stop import EarlyStops
+
+    plan.findings.extend(
+        EarlyStops(facts, plan, facts.module, [*facts.loops, *facts.whiles], facts.exits).findings()
+    )
+    refused = _wrapped_model_attributes(facts, plan)
+    for call in facts.calls:
+        if has_qname(facts, call.func, DISTRIBUTED_SAMPLERS):
+            facts.finding(
+                plan, call, "ACC115",
+                "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
+                "drop the sampler (use `shuffle=True` on the DataLoader) and let `prepare` shard the data.",
+            )
+        func = call.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in COLLECTIVES
+            and cst.Module(body=[]).code_for_node(func.value) in (plan.accelerator, *ACCELERATOR_SPELLINGS)
+            and under_main_process_check(facts, call)
+        ):
+            facts.finding(
+                plan, call, "ACC116", f"`{func.attr.value}` is a collective: under a main-process check the other "
+                "processes never reach it and the run hangs.",
+                "call it outside the `if accelerator.is_main_process:` block, on every process.",
+            )
+
+    return not refused
+
+
+def _wrapped_model_attributes(facts: Facts, plan: Plan) -> bool:
+    """ACC120: ``model.generate(...)``, ``model.config`` on a prepared model.
+
+    In a multi-process run ``prepare`` returns a DistributedDataParallel wrapper,
+    which has the ``nn.Module`` API and nothing of the model's own: an attribute
+    of the model raises AttributeError there (and setting one sets it on the
+    wrapper).  Code in the setup scope before the ``prepare`` point still holds
+    the plain model and is not reported. True when one is found: the file is not converted.
+    """
+    from accelify.codemods.unwrap import model_attribute, plain_model_statements, why_not_unwrapped
+
+    if plan.has_prepare:
+        return False
+    plain = {
+        id(n) for stmt in plain_model_statements(facts.module, plan, facts.trainers)
+        for n in findall(stmt, m.Attribute())
+    }
+    reported: set[tuple[Optional[str], str, str]] = set()
+    for node in findall(facts.module, m.Attribute()):
+        if id(node) in plain or not model_attribute(facts, node, plan):  # type: ignore[arg-type]
+            continue
+        why = why_not_unwrapped(facts, node, plan)  # type: ignore[arg-type]
+        if why is None:
+            continue  # ACC016 reads it through `accelerator.unwrap_model(...)`
+        attr = node.attr.value  # type: ignore[attr-defined]
+        key = key_at(facts, node)
+        model = code_of(node.value)  # type: ignore[attr-defined]
+        if (key, model, attr) in reported:
+            continue
+        reported.add((key, model, attr))
+        accelerator = plan.accelerator_in(key) or plan.accelerator
+        facts.finding(
+            plan, node, "ACC120",
+            f"`{model}.{attr}` is the model's own attribute, and {why}: in a multi-process run `prepare` "
+            "returns a DistributedDataParallel wrapper without it. File not converted.",
+            f"use `{accelerator}.unwrap_model({model}).{attr}` outside the training step (under "
+            "`torch.no_grad()`, at evaluation), or make it part of `forward`.",
+        )
+    return bool(reported)

@@ -1,0 +1,160 @@
+"""Helper functions: which of their parameters carry the training objects, and which need the accelerator.
+
+``train(args, model, device, train_loader, optimizer, epoch)`` is a module-level helper the setup
+scope hands its objects: its ``model`` is the prepared model, its ``device`` becomes the
+accelerator.  The flow is followed through every call of a helper (all calls must agree) and
+through the ``self.model = model`` of a class handed them.  A helper that runs a backward, gathers
+metrics or saves the model needs the Accelerator: through its renamed ``device`` parameter, a new
+first parameter, or (a trainer class) ``self.accelerator``.
+
+Input: the facts (functions, classes, their call sites; backwards, loops, calls) and the plan's
+objects.  Output: ``plan.flow``, ``plan.device_params``, ``plan.needs_accelerator``,
+``plan.accelerator_params``, ``plan.accelerator_classes``.  No findings.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelify.accumulation import code_of
+from accelify.analyses.facts import KINDS, Facts, chain_root, param_names
+from accelify.analysis import MODULE, TORCH_SAVE, has_qname, key_at, receiver_refs, ref_of
+from accelify.walk import findall
+
+if TYPE_CHECKING:
+    from accelify.plan import Plan
+
+
+def flows(facts: Facts, plan: Plan) -> None:
+    """Which parameters of module-level functions receive loaders, models or devices."""
+    calls: dict[str, list[tuple[cst.Call, dict[str, cst.BaseExpression]]]] = {}
+    funcs: dict[str, cst.FunctionDef] = {}
+    for name, func in facts.functions.items():
+        sites = facts.call_sites(name, func)
+        if sites:
+            calls[name], funcs[name] = sites, func
+    for name in facts.classes:
+        init = _constructor(facts, name)
+        sites = facts.call_sites(name, init, facts.classes[name]) if init is not None else []
+        if sites:  # `Trainer(model, loader, optimizer, device)`: the parameters of `Trainer.__init__`
+            calls[f"{name}.__init__"], funcs[f"{name}.__init__"] = sites, init  # type: ignore[assignment]
+    changed = True
+    while changed:
+        changed = False
+        for name, sites in calls.items():
+            for param in param_names(funcs[name]):
+                ref = (name, param)
+                args = [bound.get(param) for _, bound in sites]
+                if any(a is None for a in args):
+                    continue
+                for kind in KINDS:
+                    if ref not in plan.flow[kind] and all(ref_of(facts, a) in plan.flow[kind] for a in args):
+                        plan.flow[kind].add(ref)
+                        changed = True
+        changed |= _attribute_flows(facts, plan)
+    if plan.setup != MODULE and not facts.is_script:
+        return  # a module others may import: its functions' signatures are not ours to change
+    for key, param in sorted(plan.flow["device"]):
+        if key in facts.functions and param in param_names(facts.functions[key]):
+            plan.device_params.setdefault(key, []).append(param)
+
+
+def _constructor(facts: Facts, name: str) -> Optional[cst.FunctionDef]:
+    """The ``__init__`` of a plain module-level class (no bases but ``object``), if it has one."""
+    cls = facts.classes[name]
+    if any(code_of(base.value) != "object" for base in cls.bases) or cls.keywords:
+        return None
+    return next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
+                 and s.params.params and s.params.params[0].name.value == "self"), None)
+
+
+def _attribute_flows(facts: Facts, plan: Plan) -> bool:
+    """``self.model = model.to(gpu_id)`` in a class handed ``model``: ``self.model`` is that model
+    too, when every binding of the attribute is such a parameter (placed or not)."""
+    changed = False
+    for (owner, name), assigns in facts.assigns.items():
+        if owner not in facts.classes or not name.startswith("self."):
+            continue
+        for kind in KINDS:
+            ref = (owner, name)
+            if ref in plan.flow[kind]:
+                continue
+            values = [chain_root(a.value) if kind != "device" else a.value for a in assigns]
+            if all(facts.single_target(a) == ref for a in assigns) and all(
+                ref_of(facts, v) in plan.flow[kind] and ref_of(facts, v)[0].startswith(owner + ".")  # type: ignore[index]
+                for v in values
+            ):
+                plan.flow[kind].add(ref)
+                changed = True
+    return changed
+
+
+def needs_accelerator(facts: Facts, plan: Plan) -> None:
+    """Helpers outside the setup scope that call ``.backward()`` or gather metrics get the
+    accelerator through their device parameter."""
+    from accelify.codemods.gather import Gather, find_gather
+
+    gathering = [loop for loop in facts.loops if isinstance(find_gather(facts, loop, plan), Gather)]
+    # torch.save(model.state_dict(), ...) in a helper: saved once and unwrapped through the accelerator
+    saving = [c for c in facts.calls if has_qname(facts, c.func, TORCH_SAVE) and c.args and any(
+        ref in plan.flow["model"] for ref in receiver_refs(facts, c.args[0].value))]
+    for call in [*facts.backwards, *gathering, *saving]:
+        key = key_at(facts, call)
+        if key is None or plan.accelerator_in(key) is not None:
+            continue
+        top = key.split(".")[0]
+        if top in plan.device_params and top == key:
+            plan.needs_accelerator.add(key)
+        elif top == key and _can_take_accelerator(facts, plan, key):
+            plan.needs_accelerator.add(key)
+            plan.accelerator_params.add(key)
+        elif top != key and top in facts.classes and _class_can_take_accelerator(facts, plan, top):
+            plan.accelerator_classes.add(top)
+    # A helper that hands its own device parameter to one that now takes the accelerator
+    # there must take the accelerator too: `train(..., device)` calling `train_epoch(..., device)`.
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(plan.needs_accelerator - plan.accelerator_params):
+            func = facts.functions.get(name)
+            if func is None:
+                continue
+            for call, bound in facts.call_sites(name, func):
+                caller = key_at(facts, call)
+                if caller is None or caller in plan.needs_accelerator or plan.accelerator_in(caller) is not None:
+                    continue
+                passed = [bound.get(p) for p in plan.device_params.get(name, [])]
+                if caller in plan.device_params and any(
+                    isinstance(arg, cst.Name) and arg.value in plan.device_params[caller] for arg in passed
+                ):
+                    plan.needs_accelerator.add(caller)
+                    changed = True
+
+
+def _class_can_take_accelerator(facts: Facts, plan: Plan, name: str) -> bool:
+    """A script's class handed the training objects (``Trainer(model, loader, optimizer)``) can take
+    the accelerator as the first argument of every construction, made where the Accelerator is
+    visible, and keep it as ``self.accelerator``."""
+    init = _constructor(facts, name)
+    if not facts.is_script or init is None or init.params.posonly_params or plan.class_mode:
+        return False
+    cls = facts.classes[name]
+    if "accelerator" in param_names(init) or findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))):
+        return False
+    sites = facts.call_sites(name, init, cls)
+    return bool(sites) and all(plan.accelerator_in(key_at(facts, call)) == "accelerator" for call, _ in sites)
+
+
+def _can_take_accelerator(facts: Facts, plan: Plan, name: str) -> bool:
+    """A script's module-level helper can get a new first parameter ``accelerator`` when every
+    call of it is plain (no ``*args``) and made where the Accelerator is visible."""
+    func = facts.functions.get(name)
+    if not facts.is_script or func is None or func.params.posonly_params:
+        return False
+    if "accelerator" in param_names(func) or findall(func.body, m.Name("accelerator")):
+        return False
+    sites = facts.call_sites(name, func)
+    return bool(sites) and all(plan.accelerator_in(key_at(facts, call)) is not None for call, _ in sites)

@@ -1,0 +1,280 @@
+"""What to prepare: the optimizers, the models they train and the dataloaders of the setup scope.
+
+An optimizer is a ``torch.optim`` class, or a call named like one that trains ``.parameters()``;
+the models are what those parameters belong to; a dataloader is a ``DataLoader(...)`` bound in the
+setup scope, or one a helper of this file builds and returns.  The same classification tells a
+scheduler (it takes the optimizer, and is named or built like one) from an optimizer wrapper.
+
+Input: the facts (assignments, calls) and, once :mod:`~accelify.analyses.prepare_point` has found
+it, the setup scope (``plan.owner``, ``plan.setup``).  Output: ``plan.optimizers``,
+``plan.models``, ``plan.dataloaders``; refusals ACC107 (an optimizer trains a model of another
+scope) and ACC104 (an optimizer that can be None); ACC118 for an optimizer wrapper, which
+``prepare`` cannot wrap.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ScopeProvider
+
+from accelify.accumulation import code_of
+from accelify.analyses.facts import Facts
+from accelify.analysis import (
+    DATALOADERS, MODULE, Ref, assigned_values, has_qname, key_at, qualified_names, ref_of, root_name,
+)
+from accelify.walk import findall
+
+if TYPE_CHECKING:
+    from accelify.plan import Plan
+
+TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
+_OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
+SCHEDULER_FACTORY = re.compile(r"(^|\.)get_\w*schedule\w*$")
+_SCHEDULER_NAME = re.compile(r"sched|lr|warmup|decay|anneal|cycl|plateau", re.I)
+
+#: an optimizer's ref -> the assignment that builds it and the model expressions it trains
+Optimizers = dict[Ref, tuple[cst.Assign, list[cst.BaseExpression]]]
+
+
+def optimizers(facts: Facts) -> Optimizers:
+    """Every assignment of an optimizer to a single name, by that name's ref."""
+    found: Optimizers = {}
+    for ref, assigns in facts.assigns.items():
+        for assign in assigns:
+            value = assign.value
+            # `Adam(...) if fine_tune else None` is an optimizer too (that can be None)
+            calls = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+            for call in calls:
+                if isinstance(call, cst.Call) and facts.single_target(assign) == ref:
+                    models = _optimizer_models(facts, call)
+                    if models is not None:
+                        found[ref] = (assign, models)
+    return found
+
+
+def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
+    """The models an optimizer construction trains, or ``None`` if ``call`` is no optimizer."""
+    names = qualified_names(facts, call.func)
+    if not names or any(n.startswith(TORCH_SCHEDULER_PREFIX) or n.startswith("builtins.") for n in names):
+        return None
+    found = [
+        c.func.value  # type: ignore[union-attr]
+        for arg in call.args
+        for value in (arg.value, *facts.bound_values(arg.value))
+        for c in findall(
+            value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
+        )
+    ]
+    is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
+    looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
+    if (is_torch_optim or looks_like_optim) and found:
+        return found
+    return [] if is_torch_optim else None
+
+
+def homes(plan: Plan) -> set[str]:
+    """The scope keys the training objects live in: the owner, and in method mode the method too."""
+    return {plan.owner, plan.setup} if plan.method_mode else {plan.owner}
+
+
+def setup_assigns(facts: Facts, plan: Plan) -> dict[Ref, list[cst.Assign]]:
+    """The assignments of the scopes the training objects live in (:func:`homes`), by ref."""
+    scopes = homes(plan)
+    return {ref: assigns for ref, assigns in facts.assigns.items() if ref[0] in scopes}
+
+
+def training_objects(
+    facts: Facts, plan: Plan, optimizers: Optimizers, in_owner: dict[Ref, list[cst.Assign]]
+) -> bool:
+    """``plan.optimizers``, the ``plan.models`` they train and the ``plan.dataloaders`` of the setup
+    scope; False when the file must stay as it is."""
+    scopes = homes(plan)
+    plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: facts.line(optimizers[r][0]))]
+    for assign, models in sorted(optimizers.values(), key=lambda v: facts.line(v[0])):
+        for model in models:
+            ref = _model_ref(facts, model)
+            if ref is None and _unbound(facts, model):
+                continue  # a fragment (a docstring example) or a star import: nothing to prepare
+            if ref is None or ref[0] not in scopes:
+                where = f"`{ref[0]}`" if ref is not None else "another scope"
+                what = (f"the optimizer is built inside the model's own class (`{plan.setup}` trains `self`)"
+                        if code_of(model) == "self" else
+                        f"the optimizer (built in `{plan.setup}`) trains `{code_of(model)}`, which lives in {where}")
+                facts.finding(
+                    plan, assign, "ACC107",
+                    f"{what}: one `accelerator.prepare(...)` cannot take both, and an unprepared model would "
+                    "train separately on every process. File not converted.",
+                    "build the model and its optimizer in the same function (or both in `__init__`).",
+                )
+                return False
+            if ref[1] not in plan.models:
+                plan.models.append(ref[1])
+    for ref in optimizers:
+        for assign in in_owner.get(ref, []):
+            value = assign.value
+            if m.matches(value, m.Name("None") | m.IfExp(body=m.Name("None")) | m.IfExp(orelse=m.Name("None"))):
+                facts.finding(
+                    plan, assign, "ACC104",
+                    f"`{ref[1]}` can be None (`{_none_case(value)}`): the model it trains may then be frozen, and "
+                    "a prepared model with nothing to train fails in a multi-process run (DDP); file not "
+                    "converted.",
+                    "prepare the model and its optimizer only when it trains (inside the `if`), and move the "
+                    "frozen model with `.to(accelerator.device)` otherwise.",
+                )
+                return False
+    loaders = [
+        (ref, a) for ref, assigns in in_owner.items() for a in assigns
+        if isinstance(a.value, cst.Call) and has_qname(facts, a.value.func, DATALOADERS)
+        and facts.single_target(a) == ref
+    ]
+    # `train_loader, test_loader = get_loaders(args)`: a helper of this file that returns DataLoaders
+    loaders += [
+        (ref, assigns[0]) for ref, assigns in in_owner.items()
+        if assigns and all(_helper_loader(facts, a, ref) for a in assigns)
+    ]
+    plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: facts.line(x[1])))
+    return True
+
+
+def _unbound(facts: Facts, expr: cst.BaseExpression) -> bool:
+    root = root_name(expr)
+    scope = facts.get_metadata(ScopeProvider, root, None) if root is not None else None
+    return root is not None and root.value != "self" and scope is not None and not scope[root.value]
+
+
+def _model_ref(facts: Facts, expr: cst.BaseExpression) -> Optional[Ref]:
+    """The model an optimizer trains: ``model`` for ``model.fc.parameters()`` too."""
+    while True:
+        ref = ref_of(facts, expr)
+        if ref is not None or not isinstance(expr, cst.Attribute):
+            return ref
+        expr = expr.value
+
+
+def _none_case(value: cst.BaseExpression) -> str:
+    """``... if flag else None`` for a conditional optimizer, in one short line."""
+    if isinstance(value, cst.IfExp):
+        body = "None" if m.matches(value.body, m.Name("None")) else "..."
+        orelse = "None" if m.matches(value.orelse, m.Name("None")) else "..."
+        return f"{body} if {code_of(value.test)} else {orelse}"
+    return code_of(value)
+
+
+def _helper_loader(facts: Facts, assign: cst.Assign, ref: Ref) -> bool:
+    """``loader = get_loader(...)`` / ``train, test = get_loaders(...)``: the value at ``ref``'s place
+    is a DataLoader that a module-level function of this file builds and returns, on every return."""
+    value = assign.value
+    if len(assign.targets) != 1 or not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+        return False
+    func = facts.functions.get(value.func.value)
+    if func is None or ref_of(facts, value.func) != (MODULE, value.func.value):
+        return False
+    target = assign.targets[0].target
+    if isinstance(target, (cst.Tuple, cst.List)):
+        names = [e.value for e in target.elements]
+        index = next((i for i, n in enumerate(names) if ref_of(facts, n) == ref), None)
+        if index is None or any(isinstance(e, cst.StarredElement) for e in target.elements):
+            return False
+    elif ref_of(facts, target) == ref:
+        names, index = [target], None
+    else:
+        return False
+    returns = [r for r in findall(func.body, m.Return()) if key_at(facts, r) == func.name.value]
+    if not returns:
+        return False
+    for ret in returns:
+        returned = ret.value  # type: ignore[attr-defined]
+        if index is not None:
+            if not isinstance(returned, cst.Tuple) or len(returned.elements) != len(names):
+                return False
+            returned = returned.elements[index].value
+        if returned is None or not _built_loader(facts, returned):
+            return False
+    return True
+
+
+def _built_loader(facts: Facts, expr: cst.BaseExpression) -> bool:
+    """``DataLoader(...)``, or a name bound only to ``DataLoader(...)`` where it is read."""
+    if isinstance(expr, cst.Call):
+        return has_qname(facts, expr.func, DATALOADERS)
+    values = assigned_values(facts, expr) if isinstance(expr, cst.Name) else []
+    return bool(values) and all(isinstance(v, cst.Call) and has_qname(facts, v.func, DATALOADERS) for v in values)
+
+
+def _unique(items) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def is_scheduler(facts: Facts, call: cst.Call, optimizers: set[Ref]) -> bool:
+    names = qualified_names(facts, call.func)
+    if any(n.startswith(TORCH_SCHEDULER_PREFIX) or SCHEDULER_FACTORY.search(n) for n in names):
+        return True
+    return _takes_optimizer(facts, call, optimizers) and _scheduler_like(names)
+
+
+def _takes_optimizer(facts: Facts, call: cst.Call, optimizers: set[Ref]) -> bool:
+    """``Thing(optimizer, ...)`` / ``Thing(optimizer=optimizer)``: a scheduler or an optimizer wrapper."""
+    for i, arg in enumerate(call.args):
+        positional_first = i == 0 and arg.keyword is None
+        if (positional_first or (arg.keyword is not None and arg.keyword.value == "optimizer")) and ref_of(
+            facts, arg.value
+        ) in optimizers:
+            return True
+    return False
+
+
+def _scheduler_like(names: set[str]) -> bool:
+    """A home-made class that takes the optimizer: a scheduler by its name, unless it is named an
+    optimizer (``ScheduledOptim``, ``NoamOpt`` wrap the optimizer and step it themselves)."""
+    last = [n.rsplit(".", 1)[-1] for n in names]
+    if any(_OPTIMIZER_NAME.search(n) or re.search(r"opt", n, re.I) for n in last):
+        return False
+    return any(_SCHEDULER_NAME.search(n) for n in last)
+
+
+def optimizer_wrappers(
+    facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]], optimizers: Optimizers
+) -> bool:
+    """ACC118: an object that wraps the optimizer and steps it itself (Lookahead, ScheduledOptim).
+
+    ``accelerator.prepare`` only wraps ``torch.optim.Optimizer`` instances, so such a
+    wrapper steps an optimizer that knows nothing of gradient accumulation or of the
+    Accelerator's loss scaling: those two rewrites are refused where one exists.
+    """
+    wrappers = []
+    for ref, (assign, _) in optimizers.items():
+        call = assign.value
+        names = qualified_names(facts, call.func)  # type: ignore[attr-defined]
+        if any(n.startswith("torch.optim.") for n in names):
+            continue
+        inner = [c for arg in call.args for c in findall(arg.value, m.Call())  # type: ignore[attr-defined]
+                 if any(n.startswith("torch.optim.") for n in qualified_names(facts, c.func))]  # type: ignore[attr-defined]
+        if inner:
+            wrappers.append(assign)
+    for ref, assigns in in_owner.items():
+        for assign in assigns:
+            value = assign.value
+            if ref in optimizers or not isinstance(value, cst.Call) or facts.single_target(assign) != ref:
+                continue
+            if isinstance(value.func, cst.Name) and value.func.value in facts.trainers:
+                continue  # `loss = train(optimizer, model, loader)`: a function that trains wraps nothing
+            if _takes_optimizer(facts, value, set(optimizers)) and not is_scheduler(facts, value, set(optimizers)):
+                if not m.matches(value.func, m.Attribute(attr=m.Name("prepare"))):
+                    wrappers.append(assign)
+    for assign in wrappers:
+        facts.finding(
+            plan, assign, "ACC118", "an optimizer wrapper: `accelerator.prepare` only wraps `torch.optim.Optimizer` "
+            "instances, so this object steps an optimizer that knows nothing of gradient accumulation or "
+            "mixed precision.",
+            "prepare the inner `torch.optim` optimizer and build the wrapper on what `prepare` returns "
+            "(or make the wrapper a `torch.optim.Optimizer` subclass).",
+        )
+    return bool(wrappers)
