@@ -96,8 +96,11 @@ class Facts(cst.CSTVisitor):
 
     # ------------------------------------------------------------------ shared queries
     def finding(self, plan: Plan, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
-        pos = self.get_metadata(PositionProvider, node).start
-        plan.findings.append(RawFinding(pos.line, pos.column + 1, code, message, suggestion))
+        if isinstance(node, cst.Module):  # the whole file: its first line
+            node = node.body[0] if node.body else node
+        found = self.get_metadata(PositionProvider, node, None)
+        line, column = (found.start.line, found.start.column + 1) if found is not None else (1, 1)
+        plan.findings.append(RawFinding(line, column, code, message, suggestion))
 
     def line(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line
