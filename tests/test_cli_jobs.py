@@ -410,5 +410,5 @@ def test_ci_doc_command_annotates_findings(tmp_path: Path) -> None:
     assert proc.returncode == 123
     lines = proc.stdout.decode().splitlines()
     assert lines[0].startswith("::warning file=./amb.py,line=12,col=16,title=accelify ACC108::")
-    assert lines[2].startswith("::error file=./bad.py,title=accelify::./bad.py:2:")
+    assert lines[2] == "::error file=./bad.py,line=2,col=5,title=accelify::cannot parse: '(' was never closed"
     assert len(lines) == 3 and "None" not in proc.stdout.decode()
