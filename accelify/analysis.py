@@ -46,9 +46,6 @@ CURRENT_ACCELERATOR = frozenset({"torch.accelerator.current_accelerator"})
 # Accelerator device types a single-process script would pick "automatically".
 AUTO_DEVICE_STRINGS = frozenset({"cuda", "cuda:0", "mps", "xpu", "xpu:0", "npu", "npu:0"})
 CPU_STRINGS = frozenset({"cpu"})
-_OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
-_SCHEDULER_FACTORY = re.compile(r"(^|\.)get_\w*schedule\w*$")
-TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
 
 
 Body = Union[cst.Module, cst.IndentedBlock]

@@ -161,8 +161,8 @@ MUTANTS = [
     Mutant(
         "precheck-misses-backward", "a script that updates weights by hand is skipped without its ACC125",
         "accelify/precheck.py",
-        "                if func.attr == \"backward\":\n                    return True\n",
-        "                if func.attr == \"backward\":\n                    pass\n",
+        "            if isinstance(func, ast.Attribute) and func.attr == \"backward\":\n                backward = True\n",
+        "            if isinstance(func, ast.Attribute) and func.attr == \"backward\":\n                pass\n",
         tests=("tests/test_precheck.py",),
     ),
     Mutant(
