@@ -307,9 +307,9 @@ MUTANTS = [
     ),
     Mutant(
         "finding-on-the-module", "objects built in separate blocks at module level: an internal error",
-        "accelify/analyses/prepare_point.py",
-        "            plan, module.body[0] if root is None or isinstance(root, cst.Module) else root, \"ACC104\",\n",
-        "            plan, module if root is None or isinstance(root, cst.Module) else root, \"ACC104\",\n",
+        "accelify/analyses/facts.py",
+        "        if isinstance(node, cst.Module):  # the whole file: its first line\n",
+        "        if False:\n",
         tests=("tests/test_fixtures.py",),
     ),
     Mutant(

@@ -178,7 +178,7 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     located = locate_setup(root, set(names), facts.trainers) if root is not None else None
     if located is None:
         facts.finding(
-            plan, module.body[0] if root is None or isinstance(root, cst.Module) else root, "ACC104",
+            plan, module.body[0] if root is None else root, "ACC104",
             "the dataloaders, models and optimizers are not built in one block; file not converted.",
             f"build them in the same block, then call `{listed} = {plan.accelerator}.prepare({listed})` once.",
         )
