@@ -80,7 +80,8 @@ class MainProcessFiles(AccelifyCodemod):
     AFTER = frozenset({"ACC002"})
     CODE = "ACC017"
     NAME = "main-process-files"
-    DESCRIPTION = ("save_image/savefig/np.save/save_pretrained/other torch.save on the main process only; os.makedirs(..., exist_ok=True) "
+    DESCRIPTION = ("save_image/savefig/np.save/save_pretrained/other torch.save/shutil copies on the main process only; "
+                   "os.makedirs(..., exist_ok=True) "
                    "instead of a racing check; download=True under main_process_first().")
     REQUIRES = frozenset({"ACC001"})
 
