@@ -56,8 +56,8 @@ FINDINGS: dict[str, str] = {
     "leave hand-made data on the CPU; file left unchanged.",
     "ACC122": "A scheduler stepped both once per batch and outside the batch loop: no `prepare` choice keeps its "
     "learning rates those of one process; file left unchanged.",
-    "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (built elsewhere, passed in, or "
-    "returned by a helper that may return something else): every process would train on all of it; file left "
+    "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (built elsewhere, passed in, held "
+    "in a dict of loaders, or returned by a helper that may return something else): every process would train on all of it; file left "
     "unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
     "they are prepared where it is called.",
     "ACC124": "The training data is no DataLoader (hand-sliced tensors, `get_batch()`): converted, but not "

@@ -313,6 +313,13 @@ MUTANTS = [
         tests=("tests/test_fixtures.py",),
     ),
     Mutant(
+        "dict-of-loaders-is-data", "a loop over `dataloaders[phase]` is converted with a false note (ACC124)",
+        "accelify/analyses/data.py",
+        "    if isinstance(expr, cst.Subscript):  # `dataloaders[phase]`: a dict (or list) of DataLoaders\n",
+        "    if False:\n",
+        tests=("tests/test_fixtures.py",),
+    ),
+    Mutant(
         "links-out-followed", "a directory run converts a file of another tree reached through a link",
         "accelify/io.py",
         "    return os.path.commonpath([real, top]) != top\n",

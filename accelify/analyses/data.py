@@ -72,7 +72,20 @@ def training_data(facts: Facts, plan: Plan) -> bool:
             continue
         for loop in loops:
             if _loader_like(facts, loop.iter, set()):
-                what = code_of(peel_iterable(facts, loop.iter))
+                drawn = peel_iterable(facts, loop.iter)
+                what = code_of(drawn)
+                if isinstance(drawn, cst.Subscript):
+                    facts.finding(
+                        plan, loop, "ACC123",
+                        f"the training loop draws from `{what}`, one of the DataLoaders held in "
+                        f"`{code_of(drawn.value)}`, which accelify does not prepare one by one: every process "
+                        "would train on all of it. File not converted.",
+                        f"prepare each DataLoader where `{code_of(drawn.value)}` is built (e.g. "
+                        f"`{code_of(drawn.value)} = {{k: accelerator.prepare(v) for k, v in "
+                        f"{code_of(drawn.value)}.items()}}`) and the model and optimizer with "
+                        "`accelerator.prepare(...)`.",
+                    )
+                    return False
                 facts.finding(
                     plan, loop, "ACC123",
                     f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare (it is not "
@@ -110,6 +123,8 @@ def _loader_like(facts: Facts, expr: cst.BaseExpression, seen: set[int]) -> bool
     """Could ``expr`` hold a DataLoader: one built by the constructor, or returned by a function of
     this file that builds one, followed through assignments and helper parameters."""
     expr = peel_iterable(facts, expr)
+    if isinstance(expr, cst.Subscript):  # `dataloaders[phase]`: a dict (or list) of DataLoaders
+        return _holds_loaders(facts, expr.value, seen)
     if isinstance(expr, cst.Call):
         if has_qname(facts, expr.func, DATALOADERS):
             return True
@@ -147,5 +162,24 @@ def _loader_like(facts: Facts, expr: cst.BaseExpression, seen: set[int]) -> bool
         while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List, cst.AssignTarget)):
             parent = facts.get_metadata(ParentNodeProvider, parent, None)
         if isinstance(parent, cst.Assign) and _loader_like(facts, parent.value, seen):
+            return True
+    return False
+
+
+def _holds_loaders(facts: Facts, container: cst.BaseExpression, seen: set[int]) -> bool:
+    """Is ``container`` bound to a dict, list or tuple of DataLoaders (a literal or a comprehension)?"""
+    values = facts.bound_values(container) if isinstance(container, cst.Name) else [container]
+    for value in values:
+        if isinstance(value, cst.Dict):
+            items = [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+        elif isinstance(value, (cst.List, cst.Tuple)):
+            items = [e.value for e in value.elements]
+        elif isinstance(value, cst.DictComp):
+            items = [value.value]
+        elif isinstance(value, (cst.ListComp, cst.GeneratorExp)):
+            items = [value.elt]
+        else:
+            continue
+        if any(_loader_like(facts, item, seen) for item in items):
             return True
     return False
