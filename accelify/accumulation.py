@@ -34,13 +34,7 @@ import libcst.matchers as m
 from accelify.walk import findall
 from libcst.metadata import ScopeProvider
 
-from accelify.analysis import peel_iterable, qualified_names, ref_of
-
-_EMPTY = cst.Module(body=[])
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return _EMPTY.code_for_node(node)
+from accelify.analysis import code_of, peel_iterable, qualified_names, ref_of
 
 
 @dataclass

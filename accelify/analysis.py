@@ -226,15 +226,27 @@ def child_blocks(stmt: cst.BaseStatement) -> list[cst.IndentedBlock]:
     return blocks
 
 
+_EMPTY = cst.Module(body=[])
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source of ``node`` as written (its own whitespace and comments)."""
+    return _EMPTY.code_for_node(node)
+
+
 def simple_assign(stmt: cst.BaseStatement) -> Optional[cst.Assign]:
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
         return stmt.body[0]
     return None
 
 
-def binds(stmt: cst.BaseStatement, names: set[str]) -> bool:
+def binds(stmt: cst.BaseStatement, names: set[str], reads: Optional[set[str]] = None) -> bool:
     """Does ``stmt`` (or a statement nested in it, same scope) assign one of ``names``, or an
-    attribute of one (``args.cuda = ...`` changes what ``args.cuda`` reads after it)?"""
+    attribute of one (``args.cuda = ...`` changes what ``args.cuda`` reads after it)?
+
+    With ``reads`` (the names and attribute chains some code reads, ``{"args.cuda"}``), an
+    attribute assigned counts only when it is one of them, a part of one or inside one:
+    ``args.start_epoch = 3`` leaves ``args.cuda`` alone."""
     for inner, _ in iter_statements(cst.IndentedBlock(body=[stmt])):
         assign = simple_assign(inner)
         if assign is None:
@@ -243,9 +255,47 @@ def binds(stmt: cst.BaseStatement, names: set[str]) -> bool:
             if set(assigned_names(target.target)) & names:
                 return True
             root = root_name(target.target) if isinstance(target.target, cst.Attribute) else None
-            if root is not None and root.value in names:
+            if root is None or root.value not in names:
+                continue
+            if reads is None:
+                return True
+            chain = code_of(target.target)
+            if any(r == chain or r.startswith(chain + ".") or chain.startswith(r + ".") for r in reads):
                 return True
     return False
+
+
+def enclosing_function(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
+    """The innermost function definition around ``node``, if any."""
+    from libcst.metadata import ParentNodeProvider
+
+    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, cst.FunctionDef):
+        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return parent
+
+
+def direct_calls(visitor: cst.MetadataDependent, scope_of: cst.CSTNode, name: str,
+                 only: Optional[cst.CSTNode] = None) -> list[cst.Call]:
+    """The calls of ``name`` as bound in the scope of ``scope_of`` (a function or class defined
+    there): every use of the binding, each the callee of a call. Empty when a use is anything
+    else (the function is handed on), or, with ``only``, when the name is bound to something
+    other than ``only`` too."""
+    from libcst.metadata import ParentNodeProvider
+
+    scope = visitor.get_metadata(ScopeProvider, scope_of, None)
+    if scope is None:
+        return []
+    calls = []
+    for assignment in scope.assignments[name]:
+        if only is not None and getattr(assignment, "node", None) is not only:
+            return []
+        for access in assignment.references:
+            call = visitor.get_metadata(ParentNodeProvider, access.node, None)
+            if not isinstance(call, cst.Call) or call.func is not access.node:
+                return []
+            calls.append(call)
+    return calls
 
 
 def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> cst.BaseExpression:

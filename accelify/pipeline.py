@@ -27,6 +27,7 @@ from accelify.plan import analyze
 from accelify.codemods import gather_codemods
 from accelify.precheck import cpython_error, may_train, skipped, syntax_error
 from accelify.report import Change, Finding
+from accelify.result import Options, Result, brief
 
 
 def _gather_once_per_class() -> None:
@@ -59,7 +60,6 @@ def _gather_once_per_class() -> None:
 
 
 _gather_once_per_class()
-from accelify.result import Options, Result, brief
 
 
 def convert_source(source: str, path: str = "<stdin>", options: Optional[Options] = None) -> Result:

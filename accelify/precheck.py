@@ -43,11 +43,11 @@ def may_train(source: str) -> bool:
     ``torch.optim.*`` (schedulers aside), or is named like one (``_OPTIMIZER_NAME``) and
     trains some ``.parameters()``/``.named_parameters()`` (in an argument, or assigned to a
     name passed as one).  Without one it only reports a ``.backward()`` call (ACC125), and
-    not in a file that names ``Accelerator``.  A file that imports another framework (paddle,
-    tensorflow, jax, ...) and not torch is not a PyTorch script.  All are looked for on CPython's syntax tree (so
-    not in strings and comments), generously: every name and attribute chain inside the
-    callee, as written and through the file's imports in any scope; a name assigned in any
-    scope.  A file CPython cannot parse goes to the pipeline, which reports the error (or
+    not in a file that names ``Accelerator``.  A file that imports another framework
+    (paddle, tensorflow, jax, ...) and not torch is not a PyTorch script.  All are looked for
+    on CPython's syntax tree (so not in strings and comments), generously: every name and
+    attribute chain inside the callee, as written and through the file's imports in any
+    scope; a name assigned in any scope.  A file CPython cannot parse goes to the pipeline, which reports the error (or
     knows the newer syntax).  First the text alone: such a file spells ``optim``,
     ``parameters(`` or ``backward``.
     """
@@ -138,8 +138,14 @@ def _names_accelerator(tree: ast.AST, source: str) -> bool:
     """The identifier ``Accelerator`` (a name, an attribute, an import, a class), spelled so in the
     text: CPython's tree holds identifiers NFKC-normalised, LibCST (which the analysis asks) as
     written. A spelling this does not place (``class \\`` continued) counts as absent."""
-    lines: Optional[list[bytes]] = None
+    lines: list[bytes] = []  # the source's lines, split when first needed
     size = len(_ACCELERATOR)
+
+    def line_of(number: int) -> bytes:
+        if not lines:
+            lines.extend(source.encode("utf-8", "surrogatepass").splitlines())
+        return lines[number - 1] if 0 < number <= len(lines) else b""
+
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Accelerator":
             if node.end_lineno != node.lineno or node.end_col_offset != node.col_offset + size:
@@ -150,17 +156,13 @@ def _names_accelerator(tree: ast.AST, source: str) -> bool:
         elif isinstance(node, ast.alias) and node.name == "Accelerator":
             line, start = node.lineno, node.col_offset
         elif isinstance(node, ast.ClassDef) and node.name == "Accelerator":
-            if lines is None:
-                lines = source.encode("utf-8", "surrogatepass").splitlines()
-            found = _CLASS.match(lines[node.lineno - 1], node.col_offset) if node.lineno <= len(lines) else None
+            found = _CLASS.match(line_of(node.lineno), node.col_offset)
             if found is None:
                 continue
             line, start = node.lineno, found.end() - size
         else:
             continue
-        if lines is None:
-            lines = source.encode("utf-8", "surrogatepass").splitlines()
-        if 0 < line <= len(lines) and lines[line - 1][start:start + size] == _ACCELERATOR:
+        if line_of(line)[start:start + size] == _ACCELERATOR:
             return True
     return False
 

@@ -112,13 +112,13 @@ class _Ready:
 
 def _cost(path: str) -> int:
     """A guess at the work a file costs, to hand out the costly ones first: its size, times 20
-    if its text passes the test for the analysis (bytes, undecoded: a guess is all it is)."""
+    if its text passes the pre-check's text test (read as latin-1: a guess needs no decoding)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            text = f.read().decode("latin-1")
     except OSError:
         return 0
-    return len(data) * (20 if b"optim" in data or b"backward" in data or b"parameters" in data else 1)
+    return len(text) * (20 if precheck.mentions_training(text) else 1)
 
 
 def _pooled(paths: Sequence[str], options: Options, jobs: int) -> Iterator[Outcome]:

@@ -50,11 +50,10 @@ class Index(cst.CSTVisitor):
 
     def positions(self, tree: cst.CSTNode, cls: type) -> Optional[list[int]]:
         """Pre-order positions of the ``cls`` nodes in ``tree`` (None: ``tree`` is not indexed)."""
-        start = self.start.get(id(tree))
-        if start is None or self.order[start] is not tree:
+        if not self.holds(tree):
             return None
         found = self.by_type.get(cls, [])
-        return found[bisect.bisect_left(found, start):bisect.bisect_left(found, self.end[id(tree)])]
+        return found[bisect.bisect_left(found, self.start[id(tree)]):bisect.bisect_left(found, self.end[id(tree)])]
 
     def of_type(self, tree: cst.CSTNode, cls: type) -> Optional[list[cst.CSTNode]]:
         """The ``cls`` nodes in ``tree``, in pre-order (None: ``tree`` is not indexed)."""
@@ -108,12 +107,11 @@ def _types(matcher: object) -> Optional[Sequence[type]]:
 def findall(tree: cst.CSTNode, matcher: object) -> Sequence[cst.CSTNode]:
     """``libcst.matchers.findall(tree, matcher)``, in the same (pre-)order."""
     index = _ACTIVE
-    start = index.start.get(id(tree)) if index is not None else None
-    if index is None or start is None or index.order[start] is not tree:
+    if index is None or not index.holds(tree):
         return m.findall(tree, matcher)  # type: ignore[arg-type]
     types = _types(matcher)
     if types is None:
-        candidates: Sequence[int] = range(start, index.end[id(tree)])
+        candidates: Sequence[int] = range(index.start[id(tree)], index.end[id(tree)])
     else:
         picked = [i for cls in types for i in index.positions(tree, cls) or ()]
         candidates = sorted(picked) if len(types) > 1 else picked

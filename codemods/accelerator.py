@@ -11,16 +11,7 @@ from accelify.walk import findall
 from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import Body as Block
-from accelify.analysis import (
-    assigned_names,
-    binds,
-    iter_statements,
-    read_names,
-    scope_root,
-    setup_blocks,
-    simple_assign,
-)
-from accelify.accumulation import code_of
+from accelify.analysis import binds, code_of, read_names, scope_root, setup_blocks
 from accelify.plan import Plan
 
 from accelify.composite import replace_in
@@ -105,7 +96,8 @@ class AddAccelerator(AccelifyCodemod):
         arguments = [i for i, stmt in enumerate(block.body) if binds(stmt, self.plan.argument_names)]
         # (after its first use, only what leaves the arguments' values alone: `args.start_epoch = 3`
         # when the Accelerator reads `args.cuda`)
-        if any(i >= first_use and self._changes_arguments(block.body[i]) for i in arguments):
+        read = _read_chains(self.plan.accelerator_args())
+        if any(i >= first_use and binds(block.body[i], self.plan.argument_names, read) for i in arguments):
             raise RuntimeError("an argument of the Accelerator is bound after its first use")
         arguments = [i for i in arguments if i < first_use]
         if arguments:
@@ -119,21 +111,6 @@ class AddAccelerator(AccelifyCodemod):
         if block is module:
             return module.with_changes(body=body)
         return replace_in(module, block, block.with_changes(body=body))
-
-    def _changes_arguments(self, stmt: cst.BaseStatement) -> bool:
-        """Does ``stmt`` rebind a name the Accelerator's arguments read, or assign an attribute
-        they read (``args.cuda``), a part of one, or one inside it?"""
-        read = _read_chains(self.plan.accelerator_args())
-        for inner, _ in iter_statements(cst.IndentedBlock(body=[stmt])):
-            assign = simple_assign(inner)
-            for target in assign.targets if assign is not None else ():
-                if set(assigned_names(target.target)) & self.plan.argument_names:
-                    return True
-                if isinstance(target.target, cst.Attribute):
-                    chain = code_of(target.target)
-                    if any(r == chain or r.startswith(chain + ".") or chain.startswith(r + ".") for r in read):
-                        return True
-        return False
 
     def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
         """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""

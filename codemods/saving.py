@@ -15,6 +15,9 @@ from accelify.analysis import (
     TORCH_LOAD,
     TORCH_SAVE,
     assigned_values,
+    code_of,
+    direct_calls,
+    enclosing_function,
     key_at,
     qualified_names,
     receiver_refs,
@@ -70,15 +73,17 @@ class Saving(AccelifyCodemod):
         self._taint = EarlyStops(self, self.plan, node, [], [])
         self._module = node
         self._saved: set[int] = set()  # saves rewritten with a barrier before them
-        self._states = self._checkpoint_states(node)
+        checkpoints = self._checkpoint_dicts(node)
+        self._states = self._model_states(checkpoints)
+        self._whole_models = self._models_whole(checkpoints)
         self._unsynced = False  # a save no barrier follows: the next load must wait for it
         # Lines of `torch.load` calls: a file saved by the main process is read back by every
         # process only once it is written.
         self._loads = [self.line_of(c)[0] for c in findall(node, m.Call()) if qualified_names(self, c.func) & TORCH_LOAD]  # type: ignore[arg-type]
 
-    def _checkpoint_states(self, module: cst.Module) -> set[int]:
-        """``model.state_dict()`` calls inside a dict that ``torch.save`` writes (directly, or through
-        the name it is bound to), or bound to the name it writes: saved from the unwrapped model."""
+    def _checkpoint_dicts(self, module: cst.Module) -> list[cst.BaseExpression]:
+        """What ``torch.save`` writes as a checkpoint: a dict written directly, or the dict or
+        ``model.state_dict()`` bound to the name it writes."""
         dicts: list[cst.BaseExpression] = []
         for call in findall(module, m.Call()):
             if not qualified_names(self, call.func) & TORCH_SAVE or not call.args:  # type: ignore[attr-defined]
@@ -88,25 +93,38 @@ class Saving(AccelifyCodemod):
                 dicts.extend(v for v in assigned_values(self, first) if isinstance(v, (cst.Dict, cst.Call)))
             elif isinstance(first, cst.Dict):
                 dicts.append(first)
-        # `{"net": net, "acc": acc}`: the model object itself, pickled: unwrapped too
-        self._whole_models = {
-            id(e.value) for d in dicts if isinstance(d, cst.Dict) for e in d.elements
-            if isinstance(e, cst.DictElement) and ref_of(self, e.value) in self.plan.flow["model"]
-        }
+        return dicts
+
+    def _model_states(self, dicts: list[cst.BaseExpression]) -> set[int]:
+        """``model.state_dict()`` calls in those checkpoints: saved from the unwrapped model."""
         return {
             id(c) for d in dicts for c in findall(d, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))
             if ref_of(self, c.func.value) in self.plan.flow["model"]  # type: ignore[attr-defined]
         }
 
+    def _models_whole(self, dicts: list[cst.BaseExpression]) -> set[int]:
+        """``{"net": net, "acc": acc}``: the model object itself in a checkpoint, pickled: unwrapped too."""
+        return {
+            id(e.value) for d in dicts if isinstance(d, cst.Dict) for e in d.elements
+            if isinstance(e, cst.DictElement) and ref_of(self, e.value) in self.plan.flow["model"]
+        }
+
     def leave_DictElement(self, original_node: cst.DictElement, updated_node: cst.DictElement) -> cst.DictElement:
         if id(original_node.value) not in self._whole_models:
             return updated_node
-        accelerator = self.accelerator_at(original_node)
+        unwrapped = self._unwrapped(original_node, updated_node.value, "", "not its wrapper")
+        return updated_node if unwrapped is None else updated_node.with_changes(value=unwrapped)
+
+    def _unwrapped(self, original: cst.CSTNode, model: cst.BaseExpression, suffix: str,
+                   why: str = "") -> Optional[cst.BaseExpression]:
+        """``accelerator.unwrap_model(<model>)<suffix>`` for a checkpoint's part at ``original``
+        (recorded as a change), or None where no accelerator is in reach."""
+        accelerator = self.accelerator_at(original)
         if accelerator is None:
-            return updated_node
-        model = cst.Module(body=[]).code_for_node(updated_node.value)
-        self.change(original_node, f"checkpoint holds `{accelerator}.unwrap_model({model})`, not its wrapper")
-        return updated_node.with_changes(value=cst.parse_expression(f"{accelerator}.unwrap_model({model})"))
+            return None
+        code = f"{accelerator}.unwrap_model({code_of(model)}){suffix}"
+        self.change(original, f"checkpoint holds `{code}`" + (f", {why}" if why else ""))
+        return cst.parse_expression(code)
 
     def unwraps(self, call: cst.Call) -> bool:
         """Does this codemod save ``call`` (a ``model.state_dict()``) from the unwrapped model?"""
@@ -123,12 +141,8 @@ class Saving(AccelifyCodemod):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) not in self._states:
             return updated_node
-        accelerator = self.accelerator_at(original_node)
-        if accelerator is None:
-            return updated_node
-        model = cst.Module(body=[]).code_for_node(updated_node.func.value)  # type: ignore[attr-defined]
-        self.change(original_node, f"checkpoint holds `{accelerator}.unwrap_model({model}).state_dict()`")
-        return cst.parse_expression(f"{accelerator}.unwrap_model({model}).state_dict()")
+        unwrapped = self._unwrapped(original_node, updated_node.func.value, ".state_dict()")  # type: ignore[attr-defined]
+        return updated_node if unwrapped is None else unwrapped
 
     def _per_process(self, node: cst.CSTNode) -> bool:
         return self._taint.guarded_by(node) is not None
@@ -280,7 +294,7 @@ class Saving(AccelifyCodemod):
         in this file, and only where every process goes: not under a main-process check or a
         test each process decides on its own. A function also used otherwise (handed as a
         callback, called from another file) cannot be followed: no."""
-        func = self._enclosing_function(node)
+        func = enclosing_function(self, node)
         if func is None or key_at(self, func.body) == self.plan.setup:
             return True
         calls = self._calls_of(func)
@@ -289,29 +303,14 @@ class Saving(AccelifyCodemod):
         return all(not under_main_process_check(self, call) and not self._per_process(call)
                    and self._every_process_calls(call, depth + 1) for call in calls)
 
-    def _enclosing_function(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None and not isinstance(parent, cst.FunctionDef):
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
-        return parent
-
     def _calls_of(self, func: cst.FunctionDef) -> list[cst.Call]:
         """The calls of ``func`` in this file; empty when it is also used in another way (handed on,
         or a method reached through anything but an attribute call)."""
         name = func.name.value
-        scope = self.get_metadata(ScopeProvider, func, None)
-        uses: list[cst.CSTNode] = []
-        if scope is None:
-            return []
-        if isinstance(scope, ClassScope):  # a method: `self.save(...)`, `trainer.save(...)`
-            uses = list(findall(self._module, m.Attribute(attr=m.Name(name))))
-        else:
-            for assignment in scope.assignments[name]:
-                if getattr(assignment, "node", None) is not func:
-                    return []  # the name is bound to something else too
-                uses += [access.node for access in assignment.references]
-        calls = []
-        for use in uses:
+        if not isinstance(self.get_metadata(ScopeProvider, func, None), ClassScope):
+            return direct_calls(self, func, name, only=func)
+        calls = []  # a method: `self.save(...)`, `trainer.save(...)`
+        for use in findall(self._module, m.Attribute(attr=m.Name(name))):
             call = self.get_metadata(ParentNodeProvider, use, None)
             if not isinstance(call, cst.Call) or call.func is not use:
                 return []

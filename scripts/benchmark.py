@@ -109,33 +109,19 @@ class Measure:
 
 def run_child(argv: Sequence[str], stdout_path: Optional[str] = None) -> Run:
     """Run ``argv`` once: wall time from spawn to reap, and the child's own rusage via ``wait4``."""
+    return run_together([argv], stdout_path)
+
+
+def run_together(argvs: Sequence[Sequence[str]], stdout_path: Optional[str] = None) -> Run:
+    """Start every command at once (the first one's stdout to ``stdout_path``, if given); the run
+    lasts until the last one ends: the worst status, the largest RSS, every stderr."""
     stdout = open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
-    with tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        # own session: a timeout kills the whole group (workers of -j included)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err, start_new_session=True)
-        timer = threading.Timer(TIMEOUT, _kill_group, (proc.pid,))
-        timer.start()
-        try:
-            _, wait_status, usage = os.wait4(proc.pid, 0)
-        finally:
-            elapsed = time.perf_counter() - start
-            timer.cancel()
-        status = os.waitstatus_to_exitcode(wait_status)
-        proc.returncode = status  # reaped by hand: keep Popen from waiting again
-        if stdout is not subprocess.DEVNULL:
-            stdout.close()
-        err.seek(0)
-        text = err.read().decode("utf-8", "replace")
-    return Run(elapsed, usage.ru_maxrss, status, text)  # ru_maxrss is KiB on Linux
-
-
-def run_together(argvs: Sequence[Sequence[str]]) -> Run:
-    """Start every command at once; the run lasts until the last one ends (worst status, largest RSS)."""
     errs = [tempfile.TemporaryFile() for _ in argvs]
     start = time.perf_counter()
-    procs = [subprocess.Popen(a, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True)
-             for a, e in zip(argvs, errs)]
+    # own sessions: a timeout kills a whole group (workers of -j included)
+    procs = [subprocess.Popen(a, stdin=subprocess.DEVNULL, stdout=stdout if i == 0 else subprocess.DEVNULL,
+                              stderr=e, start_new_session=True)
+             for i, (a, e) in enumerate(zip(argvs, errs))]
     timers = [threading.Timer(TIMEOUT, _kill_group, (p.pid,)) for p in procs]
     for t in timers:
         t.start()
@@ -143,13 +129,15 @@ def run_together(argvs: Sequence[Sequence[str]]) -> Run:
     try:
         for proc in procs:
             _, wait_status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = status = os.waitstatus_to_exitcode(wait_status)
+            proc.returncode = status = os.waitstatus_to_exitcode(wait_status)  # reaped by hand
             statuses.append(status)
-            rss = max(rss, usage.ru_maxrss)
+            rss = max(rss, usage.ru_maxrss)  # KiB on Linux
     finally:
         elapsed = time.perf_counter() - start
         for t in timers:
             t.cancel()
+        if stdout is not subprocess.DEVNULL:
+            stdout.close()
     text = ""
     for e in errs:
         e.seek(0)
@@ -169,7 +157,7 @@ def measure(pairs: Sequence[Measure], repeat: int) -> None:
     """``repeat`` rounds, each running every command once (interleaved: load hits all alike)."""
     for _ in range(repeat):
         for m in pairs:
-            run = run_together([m.argv, *m.beside]) if m.beside else run_child(m.argv)
+            run = run_together([m.argv, *m.beside])
             m.runs.append(run)
             if m.failed(run):
                 report_failure(m, run)

@@ -21,7 +21,7 @@ from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import DATALOADERS, has_qname, peel_iterable, ref_of
+from accelify.analysis import DATALOADERS, enclosing_function, has_qname, peel_iterable, ref_of
 from accelify.walk import findall
 
 if TYPE_CHECKING:
@@ -142,9 +142,7 @@ def _loader_like(facts: Facts, expr: cst.BaseExpression, seen: set[int]) -> bool
     for assignment in scope[expr.value]:
         node = getattr(assignment, "node", None)
         if isinstance(node, cst.Param):
-            func = facts.get_metadata(ParentNodeProvider, node, None)
-            while func is not None and not isinstance(func, cst.FunctionDef):
-                func = facts.get_metadata(ParentNodeProvider, func, None)
+            func = enclosing_function(facts, node)
             sites = facts.call_sites(func.name.value, func) if func is not None and facts.functions.get(
                 func.name.value) is func else []
             if sites:  # a module-level helper: what its calls pass

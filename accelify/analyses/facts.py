@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import RawFinding, Ref, assigned_values, key_at, ref_of, trainer_functions
+from accelify.analysis import RawFinding, Ref, assigned_values, direct_calls, key_at, ref_of, trainer_functions
 
 if TYPE_CHECKING:
     from accelify.plan import Plan
@@ -124,19 +124,12 @@ class Facts(cst.CSTVisitor):
         """
         if func.decorators or (cls is not None and cls.decorators):
             return []
-        scope = self.get_metadata(ScopeProvider, cls if cls is not None else func, None)
-        if scope is None:
-            return []
         sites = []
-        for assignment in scope.assignments[name]:
-            for access in assignment.references:
-                call = self.get_metadata(ParentNodeProvider, access.node, None)
-                if not isinstance(call, cst.Call) or call.func is not access.node:
-                    return []
-                bound = bind_arguments(func, call, skip_self=cls is not None)
-                if bound is None:
-                    return []
-                sites.append((call, bound))
+        for call in direct_calls(self, cls if cls is not None else func, name):
+            bound = bind_arguments(func, call, skip_self=cls is not None)
+            if bound is None:
+                return []
+            sites.append((call, bound))
         return sites
 
 
