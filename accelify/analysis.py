@@ -128,6 +128,8 @@ class DeviceKind:
 
 def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Optional[DeviceKind]:
     """Classify an expression that *looks like* a device; ``None`` if it does not."""
+    if _per_process_device(visitor, expr):
+        return DeviceKind("auto")
     text = string_value(expr)
     if text is not None:
         if text in AUTO_DEVICE_STRINGS:
@@ -172,6 +174,30 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
             return DeviceKind("auto")
         return DeviceKind("other", "device chosen by a condition accelify cannot map")
     return None
+
+
+def _per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
+    """``f"cuda:{local_rank}"``, ``torch.device("cuda", local_rank)``, ``torch.device(f"cuda:{rank}")``
+    in a script that managed its own processes: each process's own accelerator, ``accelerator.device``."""
+    plan = getattr(visitor, "plan", None)
+    if plan is None or getattr(plan, "distributed", None) is None:
+        return False
+    from accelify.analyses.distributed import MAIN_TESTS, rank_attribute
+
+    def rank(e: cst.BaseExpression) -> bool:
+        return rank_attribute(visitor, e, plan) in MAIN_TESTS
+
+    if isinstance(expr, cst.FormattedString) and len(expr.parts) == 2:
+        text, value = expr.parts
+        return (isinstance(text, cst.FormattedStringText) and text.value in ("cuda:", "xpu:", "npu:")
+                and isinstance(value, cst.FormattedStringExpression) and value.format_spec is None
+                and rank(value.expression))
+    if isinstance(expr, cst.Call) and has_qname(visitor, expr.func, TORCH_DEVICE) and expr.args:
+        if len(expr.args) == 1:
+            return _per_process_device(visitor, expr.args[0].value)
+        if len(expr.args) == 2 and string_value(expr.args[0].value) in ("cuda", "xpu", "npu"):
+            return rank(expr.args[1].value)
+    return False
 
 
 def is_availability_check(visitor: cst.MetadataDependent, test: cst.BaseExpression) -> bool:
@@ -541,17 +567,32 @@ def receiver_refs(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> I
 
 
 def under_main_process_check(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
-    """Inside ``if accelerator.is_main_process:`` (or ``is_local_main_process``)?"""
+    """Inside ``if accelerator.is_main_process:`` (or ``is_local_main_process``), or, in a script
+    that managed its own processes, ``if rank == 0:`` (which becomes one)?"""
     from libcst.metadata import ParentNodeProvider
 
     parent = visitor.get_metadata(ParentNodeProvider, node, None)
     while parent is not None:
-        if isinstance(parent, cst.If) and findall(
+        if isinstance(parent, cst.If) and (findall(
             parent.test, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
-        ):
+        ) or _rank_zero_test(visitor, parent.test)):
             return True
         parent = visitor.get_metadata(ParentNodeProvider, parent, None)
     return False
+
+
+def _rank_zero_test(visitor: cst.MetadataDependent, test: cst.BaseExpression) -> bool:
+    """``rank == 0``, alone or as a term of an ``and``, for a rank of ``plan.distributed``."""
+    plan = getattr(visitor, "plan", None)
+    if plan is None or getattr(plan, "distributed", None) is None:
+        return False
+    from accelify.analyses.distributed import main_process_test
+
+    while isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        if _rank_zero_test(visitor, test.right):
+            return True
+        test = test.left
+    return main_process_test(visitor, test, plan) is not None
 
 
 def scope_root(module: cst.Module, key: str) -> Union[cst.Module, cst.FunctionDef, None]:

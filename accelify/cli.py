@@ -191,6 +191,10 @@ class _Run:
                 changed = False
             elif changed and not self.quiet:
                 self.say(f"{'converted' if self.in_place else 'would convert'} {result.path}")
+                if self.output_format == "text" and any(c.code == "ACC018" for c in result.changes):
+                    # it started its own processes: say how the converted script is started
+                    self.say(f"  run it with `accelerate launch --num_processes N {result.path}` (N processes, one "
+                             f"per GPU; `torchrun --nproc_per_node N {result.path}` works as before)")
             if self.output_format == "text":
                 for finding in result.findings:
                     self.say(finding.render())

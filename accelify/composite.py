@@ -286,6 +286,9 @@ def plan_names(plan: object) -> set[str]:
         elif isinstance(value, (list, tuple, set, frozenset)):
             for v in value:
                 collect(v)
+        elif dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                collect(getattr(value, f.name))
 
     for f in dataclasses.fields(plan):  # type: ignore[arg-type]
         if f.name != "findings":

@@ -39,7 +39,7 @@ FINDINGS: dict[str, str] = {
     "the Accelerator, no `output = model(...)` to gather, a metric before the model runs, an output read whole and "
     "in parts, gathered values also used by other code or sliced along their first dimension): each process would count its own shard only; file left "
     "unchanged.",
-    "ACC115": "A DistributedSampler is kept: `prepare` shards the dataloader itself; reported.",
+    "ACC115": "Retired: a DistributedSampler is now removed (ACC018), or the file is left unchanged (ACC126).",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
     "would hang; reported.",
     "ACC117": "Gradient accumulation done by hand that `accelerator.accumulate` would not reproduce exactly "
@@ -64,8 +64,9 @@ FINDINGS: dict[str, str] = {
     "sharded, every process trains on all of it; reported.",
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
     "from a factory): file left unchanged.",
-    "ACC126": "A script that manages its own processes (`init_process_group`, `DistributedDataParallel`, "
-    "`mp.spawn`): not converted yet (half a conversion would wrap the model twice); file left unchanged.",
+    "ACC126": "A script that manages its own processes with something accelify does not convert (`mp.spawn`, "
+    "`all_gather`, `broadcast`, process subgroups, FSDP, `no_sync`, a rank with a single-process default): the "
+    "finding names it; file left unchanged (half a conversion would wrap the model or shard the data twice).",
     "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
     "outside the setup code that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "
     "`with accelerator.main_process_first():`).",

@@ -22,8 +22,8 @@ from libcst.metadata import MetadataWrapper
 
 from accelify import walk
 from accelify.analyses import (
-    accelerator, data, devices, gradient_accumulation, hazards, helpers, mixed_precision, objects, prepare_point,
-    schedulers,
+    accelerator, data, devices, distributed, gradient_accumulation, hazards, helpers, mixed_precision, objects,
+    prepare_point, schedulers,
 )
 from accelify.analyses.facts import KINDS, Facts
 from accelify.analysis import MODULE, RawFinding, Ref
@@ -81,6 +81,8 @@ class Plan:
     #: module-level classes handed the training objects (``Trainer(model, loader, optimizer, device)``)
     #: whose methods need the accelerator: ``__init__`` takes it first and keeps it as ``self.accelerator``
     accelerator_classes: set[str] = field(default_factory=set)
+    #: a script that managed its own processes (torchrun, DDP): what Accelerate takes over
+    distributed: Optional[distributed.Distributed] = None
     findings: list[RawFinding] = field(default_factory=list)
 
     @property
@@ -105,6 +107,8 @@ class Plan:
             args.append(f"mixed_precision={self.mixed_precision}")
         if self.accumulation_steps:
             args.append(f"gradient_accumulation_steps={self.accumulation_steps}")
+        if self.distributed is not None and self.distributed.ddp_kwargs:
+            args.append(f"kwargs_handlers=[DistributedDataParallelKwargs({', '.join(self.distributed.ddp_kwargs)})]")
         return ", ".join(args)
 
     def restrict(self, codes: Optional[frozenset[str]]) -> None:
@@ -177,11 +181,12 @@ def _decide(facts: Facts) -> Plan:
     """The analyses, in order: each reads the facts and what those before it decided.  An analysis
     that refuses the file reports why (a finding) and the plan stays not ``convertible``."""
     plan = Plan()
+    facts.plan = plan  # what the shared helpers ask of it (`under_main_process_check` and a rank test)
     optimizers = objects.optimizers(facts)
     if not optimizers:
         hazards.untrained_backward(facts, plan)
         return plan
-    if hazards.manages_own_processes(facts, plan):
+    if not distributed.decide(facts, plan):
         return plan
     first = min((a for a, _ in optimizers.values()), key=facts.line)
     if not prepare_point.setup_scope(facts, plan, optimizers, first):
@@ -206,6 +211,8 @@ def _decide(facts: Facts) -> Plan:
     if not plan.devices and plan.cpu_flag is None:
         devices.placement_flag(facts, plan, arguments)
     helpers.flows(facts, plan)
+    if not distributed.reductions(facts, plan):
+        return plan
     scheduler_calls = schedulers.decide(facts, plan, in_owner, set(optimizers))
     if scheduler_calls is None:
         return plan

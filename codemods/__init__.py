@@ -13,6 +13,7 @@ from .base import AccelifyCodemod
 from .clipping import Clipping
 from .data_parallel import DataParallel
 from .device import RemoveDevice
+from .distributed import Distributed
 from .gather import GatherForMetrics
 from .loading import Loading
 from .main_process import MainProcessOutput
@@ -26,7 +27,8 @@ from .unwrap import UnwrapModelAttributes
 
 # The order matters:
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
-#    DataParallel right after, so `model = nn.DataParallel(model).to(device)` loses both;
+#    DataParallel right after, so `model = nn.DataParallel(model).to(device)` loses both; the
+#    distributed plumbing next (a rank in a placement is gone with the placement);
 # 2. device next: whatever use of the device survived becomes `accelerator.device`, then the
 #    assignment goes; a helper with no device parameter to carry the accelerator gets one;
 # 3. prepare once placement is gone, so `model = model.to(device)` no longer counts as a binding;
@@ -43,7 +45,7 @@ from .unwrap import UnwrapModelAttributes
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, RemoveDevice, AcceleratorParameter, Prepare, GradientAccumulation,
+    RemovePlacement, DataParallel, Distributed, RemoveDevice, AcceleratorParameter, Prepare, GradientAccumulation,
     MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics, MainProcessFiles,
     Seeding, AddAccelerator, MainProcessOutput,
 )

@@ -70,7 +70,7 @@ class AddAccelerator(AccelifyCodemod):
         device = self.other("ACC002")
         if device is not None and device.creation_site() is not None:  # type: ignore[attr-defined]
             # the device codemod created it where the device was
-            AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+            self._import()
             return module
         root = scope_root(module, self.plan.setup)
         if root is None:
@@ -102,7 +102,7 @@ class AddAccelerator(AccelifyCodemod):
         arguments = [i for i in arguments if i < first_use]
         if arguments:
             index = max(index, arguments[-1] + 1)
-        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+        self._import()
         anchor = block.body[min(index, len(block.body) - 1)]
         self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
         args = self.plan.accelerator_args()
@@ -111,6 +111,11 @@ class AddAccelerator(AccelifyCodemod):
         if block is module:
             return module.with_changes(body=body)
         return replace_in(module, block, block.with_changes(body=body))
+
+    def _import(self) -> None:
+        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+        if self.plan.distributed is not None and self.plan.distributed.ddp_kwargs:
+            AddImportsVisitor.add_needed_import(self.context, "accelerate", "DistributedDataParallelKwargs")
 
     def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
         """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""

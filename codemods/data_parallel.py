@@ -8,7 +8,7 @@ import libcst.matchers as m
 from accelify.walk import findall
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
-from accelify.analysis import has_qname, receiver_refs, ref_of
+from accelify.analysis import has_qname, qualified_names, receiver_refs, ref_of
 
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
@@ -20,12 +20,15 @@ DATA_PARALLEL = frozenset(
         "torch.nn.DataParallel",
         "torch.nn.parallel.DataParallel",
         "torch.nn.parallel.data_parallel.DataParallel",
+        # a script that wraps its model in DDP itself (ACC018 removes the rest of its plumbing)
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.parallel.distributed.DistributedDataParallel",
     }
 )
 
 
 class DataParallel(AccelifyCodemod):
-    """Remove ``nn.DataParallel`` around a trained model and unwrap ``model.module``.
+    """Remove ``nn.DataParallel`` (or ``DistributedDataParallel``) around a trained model and unwrap ``model.module``.
 
     ``accelerator.prepare`` wraps the model for whatever the launch asks for (DDP,
     FSDP, DeepSpeed), so a hand-made ``DataParallel`` goes, and an ``if`` that only
@@ -56,7 +59,8 @@ class DataParallel(AccelifyCodemod):
 
     CODE = "ACC006"
     NAME = "data-parallel"
-    DESCRIPTION = "Remove nn.DataParallel around trained models; model.module becomes accelerator.unwrap_model(model)."
+    DESCRIPTION = ("Remove nn.DataParallel/DistributedDataParallel around trained models; model.module becomes "
+                   "accelerator.unwrap_model(model).")
     REQUIRES = frozenset({"ACC001", "ACC004"})
 
     @classmethod
@@ -71,7 +75,7 @@ class DataParallel(AccelifyCodemod):
             for a in findall(node, m.Assign())  # type: ignore[union-attr]
         )
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
-        self._wrapped = self.plan.flow["model"] if wraps else set()
+        self.wrapped = self.plan.flow["model"] if wraps else set()
         if wraps:
             for load in findall(node, m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))):
                 if any(r in self.plan.flow["model"] for r in receiver_refs(self, load.func.value)):  # type: ignore[attr-defined]
@@ -106,7 +110,9 @@ class DataParallel(AccelifyCodemod):
         if not self.unwraps(original_node):
             return updated_node
         self.touch()
-        self.change(original_node, "`DataParallel(...)` removed: prepare() wraps the model")
+        kind = "DistributedDataParallel" if any(
+            q.endswith("DistributedDataParallel") for q in qualified_names(self, original_node.func)) else "DataParallel"
+        self.change(original_node, f"`{kind}(...)` removed: prepare() wraps the model")
         remove_imports_of(self.context, original_node.func)
         return updated_node.args[0].value
 
@@ -119,7 +125,7 @@ class DataParallel(AccelifyCodemod):
         )
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-        if original_node.attr.value != "module" or ref_of(self, original_node.value) not in self._wrapped:
+        if original_node.attr.value != "module" or ref_of(self, original_node.value) not in self.wrapped:
             return updated_node
         if self.get_metadata(ExpressionContextProvider, original_node, None) != ExpressionContext.LOAD:
             return updated_node
@@ -143,7 +149,7 @@ class DataParallel(AccelifyCodemod):
             return updated_node
         subject = ref_of(self, test.args[0].value)
         kind = test.func.value
-        if subject not in self._wrapped:
+        if subject not in self.wrapped:
             return updated_node
         if kind == "isinstance" and has_qname(self, test.args[1].value, DATA_PARALLEL):
             pass

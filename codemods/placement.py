@@ -25,6 +25,7 @@ from accelify.analysis import (
     simple_assign,
     string_value,
 )
+from accelify.analyses.distributed import MAIN_TESTS, rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
@@ -95,6 +96,8 @@ class RemovePlacement(AccelifyCodemod):
 
     def _is_device(self, expr: cst.BaseExpression) -> bool:
         if isinstance(expr, (cst.Name, cst.Attribute)) and ref_of(self, expr) in self.plan.flow["device"]:
+            return True
+        if rank_attribute(self, expr, self.plan) in MAIN_TESTS:  # `.to(local_rank)`: the process's own device
             return True
         kind = classify_device(self, expr)
         return kind is not None and kind.kind == "auto"

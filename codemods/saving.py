@@ -64,6 +64,8 @@ class Saving(AccelifyCodemod):
     NAME = "saving"
     DESCRIPTION = "torch.save(model.state_dict(), ...) -> wait_for_everyone() + accelerator.save(unwrap_model(model)...)."
     REQUIRES = frozenset({"ACC001", "ACC004"})
+    #: ACC006 says which models' ``.module`` is a wrapper's
+    AFTER = frozenset({"ACC006"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
@@ -156,6 +158,10 @@ class Saving(AccelifyCodemod):
         owner = expr.func.value  # type: ignore[attr-defined]
         if m.matches(owner, m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])):
             owner = owner.args[0].value  # type: ignore[attr-defined]
+        wrapper = self.other("ACC006")
+        if m.matches(owner, m.Attribute(attr=m.Name("module"))) and wrapper is not None and ref_of(
+            self, owner.value) in wrapper.wrapped:  # type: ignore[attr-defined]
+            owner = owner.value  # type: ignore[attr-defined]  # `model.module`: the model the removed wrapper held
         if ref_of(self, owner) in self.plan.flow["model"]:
             return cst.Module(body=[]).code_for_node(owner)
         return None

@@ -12,7 +12,7 @@ hooks watch it, and ``{prefix}.{rank}.json`` receives, when it ends:
   indices drawn, one list per pass over it: a prepared loader gives each rank its own shard;
 - ``saves``: every ``torch.save`` (``accelerator.save`` goes through it): the file name, the keys
   when it saved a dict, and a checksum of the tensors it saved;
-- ``world`` and ``rank``.
+- ``world`` (the size of the process group, at the end or when the script ended it) and ``rank``.
 
 With ``$E2E_RANK_STDOUT`` set, file descriptor 1 of each rank goes to ``{prefix}.{rank}``, so the
 ranks' prints can neither interleave nor be confused with each other.
@@ -93,8 +93,23 @@ def _install_trace():
 
     torch.save = save
 
+    # A script may end its process group itself (`destroy_process_group()`,
+    # `accelerator.end_training()`): the world it ran in is taken right before.
+    import torch.distributed as dist
+
+    worlds = []
+    original_destroy = dist.destroy_process_group
+
+    def destroy_process_group(*args, **kwargs):
+        if dist.is_initialized():
+            worlds.append(dist.get_world_size())
+        return original_destroy(*args, **kwargs)
+
+    dist.destroy_process_group = destroy_process_group
+
     def report():
         return {
+            "ended_world": max(worlds, default=None),
             "optimizers": [
                 {
                     "steps": count,
@@ -134,8 +149,10 @@ def main():
         distributed = dist.is_available() and dist.is_initialized()
         world = dist.get_world_size() if distributed else 1
         if report is not None:
+            found = report()
+            world = max(world, found.pop("ended_world") or 1)
             with open(f"{trace}.{rank}.json", "w", encoding="utf-8") as out:
-                json.dump({"world": world, "rank": rank, **report()}, out)
+                json.dump({"world": world, "rank": rank, **found}, out)
         if distributed:
             dist.barrier()
             dist.destroy_process_group()

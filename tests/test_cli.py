@@ -395,3 +395,12 @@ def test_github_error_positions() -> None:
         None, None, "internal error, file left unchanged: E()")
     assert _error_position("a:1.py", "a:1.py:2:1: cannot parse: y") == (2, 1, "cannot parse: y")
     assert _error_position("a.py", "cannot read b.py") == (None, None, "cannot read b.py")
+
+
+def test_a_converted_distributed_script_says_how_to_launch_it(project: Path) -> None:
+    (project / "ddp.py").write_text((FIXTURES / "ddp_module_level" / "before.py").read_text())
+    proc = run("convert", "--in-place", "ddp.py", "train.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.decode()
+    assert "converted ddp.py\n  run it with `accelerate launch --num_processes N ddp.py`" in err
+    assert "accelerate launch --num_processes N train.py" not in err  # a plain script: no launcher hint

@@ -48,6 +48,7 @@ class Facts(cst.CSTVisitor):
         self.is_script = False  # has an `if __name__ == "__main__":` block
         self.module: cst.Module  # the visited module, once left
         self.trainers: set[str]  # ... and its functions and methods that train (`trainer_functions`)
+        self.plan: Optional[Plan] = None  # the plan being decided from these facts
 
     # ------------------------------------------------------------------ collection
     def visit_Assign(self, node: cst.Assign) -> None:

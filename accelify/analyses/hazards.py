@@ -1,10 +1,8 @@
 """Hazards: code that trains correctly in one process and wrongly, or not at all, in several.
 
-Some refuse the file: a backward with no optimizer accelify recognises (ACC125), a script that
-manages its own processes (ACC126), a backward that cannot reach the Accelerator (ACC106), an
+Some refuse the file: a backward with no optimizer accelify recognises (ACC125), a backward that cannot reach the Accelerator (ACC106), an
 attribute of the model read on the DistributedDataParallel wrapper ``prepare`` returns (ACC120).
-Others are reported for a human and the file is still converted: a DistributedSampler kept
-(ACC115), a collective under a main-process check (ACC116), leaving the training loop on a value
+Others are reported for a human and the file is still converted: a collective under a main-process check (ACC116), leaving the training loop on a value
 each process computes from its own shard (ACC119, :mod:`accelify.early_stop`).
 
 Input: the facts (backwards, calls, loops and exits) and the whole plan so far (the Accelerator's
@@ -29,9 +27,6 @@ from accelify.walk import findall
 if TYPE_CHECKING:
     from accelify.plan import Plan
 
-DISTRIBUTED_SAMPLERS = frozenset(
-    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
-)
 COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
 
 # What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
@@ -48,14 +43,6 @@ MODULE_API = frozenset({
     "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
 })
 
-# A script that runs its own distributed training (issue 10 converts them; until then: refused).
-_PROCESS_GROUP = frozenset(
-    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",
-     "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
-     "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
-)
-
-
 def untrained_backward(facts: Facts, plan: Plan) -> None:
     """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
     is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
@@ -71,23 +58,6 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
         "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
         "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
     )
-
-
-def manages_own_processes(facts: Facts, plan: Plan) -> bool:
-    """ACC126: a script that sets up its own process group, DDP wrapper or spawned workers (and has no
-    Accelerator) is left as it is: True when it is one."""
-    own_group = next((c for c in facts.calls if has_qname(facts, c.func, _PROCESS_GROUP)), None)
-    if own_group is not None and not plan.has_accelerator:
-        facts.finding(
-            plan, own_group, "ACC126",
-            f"this script manages its own processes (`{code_of(own_group.func)}`): DistributedDataParallel, "
-            "process groups and per-rank devices are not converted yet, and half a conversion would wrap "
-            "the model twice. File not converted.",
-            "remove the process-group set-up, DDP wrapper and DistributedSampler by hand (Accelerate and "
-            "`accelerate launch` / `torchrun` do all three), then run accelify on the plain script.",
-        )
-        return True
-    return False
 
 
 def backwards_in_reach(facts: Facts, plan: Plan) -> bool:
@@ -140,12 +110,6 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
     )
     refused = _wrapped_model_attributes(facts, plan)
     for call in facts.calls:
-        if has_qname(facts, call.func, DISTRIBUTED_SAMPLERS):
-            facts.finding(
-                plan, call, "ACC115",
-                "a DistributedSampler is kept: `accelerator.prepare` shards the dataloader itself.",
-                "drop the sampler (use `shuffle=True` on the DataLoader) and let `prepare` shard the data.",
-            )
         func = call.func
         if (
             isinstance(func, cst.Attribute)

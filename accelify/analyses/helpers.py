@@ -82,14 +82,26 @@ def _attribute_flows(facts: Facts, plan: Plan) -> bool:
             ref = (owner, name)
             if ref in plan.flow[kind]:
                 continue
-            values = [chain_root(a.value) if kind != "device" else a.value for a in assigns]
-            if all(facts.single_target(a) == ref for a in assigns) and all(
+            values = [_unwrapped(facts, a.value) if kind != "device" else a.value for a in assigns]
+            # `self.model = DDP(self.model, ...)` after `self.model = model`: still that model
+            others = [v for v in values if ref_of(facts, v) != ref]
+            if others and all(facts.single_target(a) == ref for a in assigns) and all(
                 ref_of(facts, v) in plan.flow[kind] and ref_of(facts, v)[0].startswith(owner + ".")  # type: ignore[index]
-                for v in values
+                for v in others
             ):
                 plan.flow[kind].add(ref)
                 changed = True
     return changed
+
+
+def _unwrapped(facts: Facts, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``model.to(gpu_id)``, ``DDP(model, device_ids=[gpu_id])`` -> ``model``."""
+    from accelify.codemods.data_parallel import DATA_PARALLEL
+
+    value = chain_root(value)
+    while isinstance(value, cst.Call) and value.args and has_qname(facts, value.func, DATA_PARALLEL):
+        value = chain_root(value.args[0].value)
+    return value
 
 
 def needs_accelerator(facts: Facts, plan: Plan) -> None:

@@ -1,0 +1,293 @@
+"""ACC018: a hand-written distributed script (torchrun, DDP) hands its processes to Accelerate."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import libcst as cst
+from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
+
+from accelify.analyses.distributed import (
+    ALL_REDUCE, BARRIER, GET_RANK, GET_WORLD_SIZE, IS_INITIALIZED, MAIN_TESTS, main_process_test, reduce_op,
+    sampler_shuffle,
+)
+from accelify.analysis import DATALOADERS, has_qname, ref_of
+from accelify.composite import remove_imports_of
+from accelify.plan import Plan
+
+from .base import AccelifyCodemod, accelerator_attr
+
+
+class Distributed(AccelifyCodemod):
+    """Remove the process-group plumbing Accelerate owns; ranks and collectives become the Accelerator's.
+
+    ``accelerate launch`` (or ``torchrun``) starts the processes and ``Accelerator()`` joins
+    them: ``init_process_group``, ``torch.cuda.set_device`` and a set-up helper left empty go,
+    ``destroy_process_group()`` becomes ``accelerator.end_training()``.  A rank read from the
+    launcher goes, and its uses become the Accelerator's (``rank == 0`` ->
+    ``accelerator.is_main_process``, a placement on it goes).  A ``DistributedSampler`` goes,
+    its ``shuffle`` moving to the DataLoader (``prepare`` shards the data and sets the epoch);
+    ``dist.barrier()`` -> ``accelerator.wait_for_everyone()``, ``dist.all_reduce(t)`` ->
+    ``t = accelerator.reduce(t, reduction="sum")``.  The ``DistributedDataParallel`` wrapper
+    is removed by ACC006.  A script with anything else distributed is left unchanged (ACC126).
+
+    Before::
+
+        import os
+
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group(backend="nccl")
+        loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            loader.sampler.set_epoch(epoch)
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+            dist.barrier()
+            if local_rank == 0:
+                torch.save(model.state_dict(), "model.pt")
+        dist.destroy_process_group()
+
+    After::
+
+        import torch
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(dataset, batch_size=32, shuffle=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+            accelerator.wait_for_everyone()
+            if accelerator.is_local_main_process:
+                torch.save(model.state_dict(), "model.pt")
+        accelerator.end_training()
+    """
+
+    CODE = "ACC018"
+    NAME = "distributed"
+    DESCRIPTION = ("Remove init_process_group/set_device/DistributedSampler plumbing; ranks, barriers and "
+                   "all-reduces become the Accelerator's.")
+    REQUIRES = frozenset({"ACC001", "ACC006"})
+
+    METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return plan.distributed is not None
+
+    # ------------------------------------------------------------------ statements
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        result = super().leave_SimpleStatementLine(original_node, updated_node)
+        dist = self.plan.distributed
+        if dist is None or result is not updated_node:
+            return result
+        if id(original_node) in dist.gathered:
+            remove_imports_of(self.context, original_node)
+            self.change(original_node, "all-reduce removed: the counts are gathered with `gather_for_metrics` (ACC011)")
+            return self.remove(updated_node)
+        if id(original_node) in dist.remove or self._calls_helper(original_node) or (
+            len(original_node.body) == 1 and id(original_node.body[0]) in dist.rank_assigns
+        ):
+            remove_imports_of(self.context, original_node)
+            self.change(original_node, "process-group set-up removed: the launcher and `Accelerator()` do it")
+            return self.remove(updated_node)
+        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
+            return updated_node
+        call = original_node.body[0].value
+        if not isinstance(call, cst.Call):
+            return updated_node
+        if id(original_node) in dist.end_training:
+            return self._statement(original_node, updated_node, "end_training()", "`destroy_process_group()`")
+        if has_qname(self, call.func, BARRIER):
+            return self._statement(original_node, updated_node, "wait_for_everyone()", "`barrier()`")
+        if has_qname(self, call.func, ALL_REDUCE):
+            tensor = cst.Module(body=[]).code_for_node(updated_node.body[0].value.args[0].value)  # type: ignore[attr-defined]
+            op = reduce_op(self, call)
+            accelerator = self.accelerator_at(original_node)
+            if accelerator is None:
+                return self._unreachable(original_node, updated_node)
+            self.replaced(original_node)
+            remove_imports_of(self.context, call.func)
+            self.change(original_node, f"`all_reduce({tensor})` -> `{tensor} = {accelerator}.reduce({tensor}, ...)`")
+            new = self.parse_statement(f'{tensor} = {accelerator}.reduce({tensor}, reduction="{op}")\n')
+            return new.with_changes(leading_lines=updated_node.leading_lines)
+        return updated_node
+
+    def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, method: str,
+                   what: str) -> cst.BaseStatement:
+        accelerator = self.accelerator_at(original)
+        if accelerator is None:
+            return self._unreachable(original, updated)
+        self.replaced(original)
+        remove_imports_of(self.context, original.body[0].value.func)  # type: ignore[attr-defined]
+        self.change(original, f"{what} -> `{accelerator}.{method}`")
+        new = self.parse_statement(f"{accelerator}.{method}\n")
+        return new.with_changes(leading_lines=updated.leading_lines)
+
+    def _unreachable(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+        self.refuse(original, "ACC126", "this distributed call is in code that cannot reach the Accelerator; "
+                    "file not converted.", "pass the accelerator to this function")
+        return updated
+
+    def _calls_helper(self, line: cst.SimpleStatementLine) -> bool:
+        dist = self.plan.distributed
+        if dist is None or len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
+            return False
+        call = line.body[0].value
+        return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in dist.helpers
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.BaseStatement:
+        dist = self.plan.distributed
+        if dist is not None and original_node.name.value in dist.helpers and key_is_module(self, original_node):
+            remove_imports_of(self.context, original_node)
+            self.change(original_node, f"`{original_node.name.value}()` removed: it only set up the process group")
+            return self.remove(updated_node)
+        return updated_node
+
+    # ------------------------------------------------------------------ expressions
+    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
+        test = main_process_test(self, original_node, self.plan)
+        if test is None:
+            return updated_node
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
+        self.change(original_node, f"rank test -> `{accelerator}.{test}`")
+        remove_imports_of(self.context, original_node)
+        return accelerator_attr(accelerator, test).with_changes(
+            lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        parent = self.get_metadata(ParentNodeProvider, original_node, None)
+        if isinstance(parent, cst.Attribute) and parent.attr is original_node:
+            return updated_node
+        return self._rank_use(original_node, updated_node)
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        return self._rank_use(original_node, updated_node)
+
+    def _rank_use(self, original: Union[cst.Name, cst.Attribute], updated: cst.BaseExpression) -> cst.BaseExpression:
+        dist = self.plan.distributed
+        if dist is None:
+            return updated
+        ref = ref_of(self, original)
+        if ref is None or ref not in dist.ranks:
+            return updated
+        if self.get_metadata(ExpressionContextProvider, original, None) != ExpressionContext.LOAD:
+            return updated
+        if self._in_removed_code(original):
+            return updated
+        accelerator = self.accelerator_at(original)
+        if accelerator is None:
+            return self._unreachable(original, updated)  # type: ignore[return-value]
+        attribute = dist.ranks[ref]
+        if attribute in MAIN_TESTS and self._device_position(original):
+            attribute = "device"
+        code = cst.Module(body=[]).code_for_node(original)
+        self.change(original, f"`{code}` -> `{accelerator}.{attribute}`")
+        return accelerator_attr(accelerator, attribute)
+
+    def _device_position(self, node: cst.CSTNode) -> bool:
+        """``device=local_rank``, ``.to(local_rank)``, ``.cuda(local_rank)``, ``torch.device("cuda", local_rank)``."""
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        if not isinstance(parent, cst.Arg):
+            return False
+        if parent.keyword is not None:
+            return parent.keyword.value in ("device", "map_location")
+        call = self.get_metadata(ParentNodeProvider, parent, None)
+        return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in (
+            "to", "cuda")
+
+    def _in_removed_code(self, node: cst.CSTNode) -> bool:
+        """Inside a statement that goes, where rewriting it would be wasted (and its position unknown)."""
+        dist = self.plan.distributed
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            if dist is not None and (id(current) in dist.remove or id(current) in dist.rank_assigns):
+                return True
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        dist = self.plan.distributed
+        if dist is None:
+            return updated_node
+        if not original_node.args and (attribute := _query(self, original_node)) is not None:
+            if self._in_removed_code(original_node) or _is_statement(self, original_node):
+                return updated_node
+            accelerator = self.accelerator_at(original_node)
+            if accelerator is None:
+                return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
+            self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "
+                        f"`{accelerator}.{attribute}`")
+            remove_imports_of(self.context, original_node)
+            return accelerator_attr(accelerator, attribute)
+        if has_qname(self, original_node.func, DATALOADERS):
+            return self._loader(original_node, updated_node)
+        return updated_node
+
+    def _loader(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``DataLoader(ds, shuffle=False, sampler=DistributedSampler(ds))`` -> ``DataLoader(ds, shuffle=True)``."""
+        dist = self.plan.distributed
+        assert dist is not None
+        index = next((i for i, a in enumerate(original.args) if a.keyword is not None and a.keyword.value == "sampler"
+                      and self._removed_sampler(a.value)), None)
+        if index is None:
+            return updated
+        value = original.args[index].value
+        if isinstance(value, cst.Call):
+            shuffle = sampler_shuffle(value)
+        else:
+            shuffle = dist.sampler_names[ref_of(self, value)]  # type: ignore[index]
+        args = list(updated.args)
+        removed = args[index]
+        keywords = {a.keyword.value: i for i, a in enumerate(args) if a.keyword is not None}
+        if "shuffle" in keywords:
+            args[keywords["shuffle"]] = args[keywords["shuffle"]].with_changes(value=cst.parse_expression(shuffle))
+            args[index] = None  # type: ignore[call-overload]
+        else:
+            args[index] = removed.with_changes(keyword=cst.Name("shuffle"), value=cst.parse_expression(shuffle))
+        kept = [a for a in args if a is not None]
+        if args[-1] is None and kept:
+            kept[-1] = kept[-1].with_changes(comma=removed.comma)
+        remove_imports_of(self.context, original.args[index].value)
+        self.change(original, f"DistributedSampler removed (`prepare` shards the data); `shuffle={shuffle}` on the "
+                    "DataLoader")
+        return updated.with_changes(args=kept)
+
+    def _removed_sampler(self, value: cst.BaseExpression) -> bool:
+        dist = self.plan.distributed
+        assert dist is not None
+        return id(value) in dist.samplers or ref_of(self, value) in dist.sampler_names
+
+
+def _query(visitor: AccelifyCodemod, call: cst.Call) -> Optional[str]:
+    if has_qname(visitor, call.func, GET_RANK):
+        return "process_index"
+    if has_qname(visitor, call.func, GET_WORLD_SIZE):
+        return "num_processes"
+    if has_qname(visitor, call.func, IS_INITIALIZED):
+        return "use_distributed"
+    return None
+
+
+def _is_statement(visitor: AccelifyCodemod, call: cst.Call) -> bool:
+    return isinstance(visitor.get_metadata(ParentNodeProvider, call, None), cst.Expr)
+
+
+def key_is_module(visitor: AccelifyCodemod, node: cst.FunctionDef) -> bool:
+    from libcst.metadata import GlobalScope, ScopeProvider
+
+    return isinstance(visitor.get_metadata(ScopeProvider, node, None), GlobalScope)

@@ -1,0 +1,88 @@
+"""End to end: a hand-written DDP script (torchrun, ACC018) and its conversion, on CPU processes.
+
+The original is itself a multi-process script, so it is compared in two processes with the
+converted one in two: the same global evaluation numbers, printed once, every rank training one
+model on its own shard, the checkpoint written once with plain keys.  The converted script must
+also run with a plain ``python script.py`` (one process, no launcher), which the original cannot.
+"""
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from accelify.pipeline import convert_source
+from e2e import FIXTURES, run_traced, script_env
+
+CASES = ["ddp_torchrun_runnable"]
+_EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
+
+
+@pytest.fixture(scope="module", params=CASES)
+def runs(request, tmp_path_factory):
+    source = (FIXTURES / request.param / "before.py").read_text(encoding="utf-8")
+    result = convert_source(source, "before.py")
+    assert result.error is None and result.output != source, result.error
+    workdir: Path = tmp_path_factory.mktemp(request.param)
+    scripts = {}
+    for name, text in (("original", source), ("two", result.output), ("one", result.output)):
+        (workdir / name).mkdir()
+        scripts[name] = workdir / name / "train.py"
+        scripts[name].write_text(text, encoding="utf-8")
+    env = script_env(PYTHONHASHSEED="0")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = {
+            "original": pool.submit(run_traced, scripts["original"], env, 2),
+            "two": pool.submit(run_traced, scripts["two"], env, 2),
+        }
+        out = {name: job.result() for name, job in jobs.items()}
+    out["one"] = run_traced(scripts["one"], env, 1)
+    return out
+
+
+def test_the_process_group_plumbing_is_gone():
+    converted = convert_source((FIXTURES / CASES[0] / "before.py").read_text(encoding="utf-8"), "x.py").output
+    converted = converted.split('"""', 2)[2]  # the code, not the docstring that describes the original
+    for gone in ("init_process_group", "destroy_process_group", "DistributedSampler", "DDP(", "set_device",
+                 "LOCAL_RANK", "dist.", "set_epoch", ".module"):
+        assert gone not in converted, gone
+    assert "accelerator.end_training()" in converted
+    assert "accelerator.wait_for_everyone()" in converted
+
+
+def test_two_processes_give_the_original_global_numbers_once(runs):
+    original, converted = runs["original"].stdout, runs["two"].stdout
+    numbers = _EVAL.findall(original[0])
+    assert numbers, f"the original printed no eval lines:\n{original[0]}"
+    assert "eval_samples 70" in numbers  # the original's own all-reduce: the whole set
+    samples = [line for line in _EVAL.findall(converted[0]) if line.startswith("eval_samples")]
+    assert samples == [line for line in numbers if line.startswith("eval_samples")]
+    assert _EVAL.findall(converted[1]) == [], "rank 1 printed the evaluation too"
+    assert converted[1].strip() == "", f"rank 1 printed:\n{converted[1]}"
+
+
+def test_two_processes_train_one_model_on_their_own_shards(runs):
+    rank0, rank1 = runs["two"].traces
+    assert rank0["optimizers"] and len(rank0["optimizers"]) == len(rank1["optimizers"])
+    for mine, theirs in zip(rank0["optimizers"], rank1["optimizers"]):
+        assert mine["steps"] == theirs["steps"] == runs["original"].traces[0]["optimizers"][0]["steps"]
+        assert mine["checksum"] == theirs["checksum"], "the ranks ended with different weights"
+    train0, train1 = rank0["loaders"][0]["epochs"][0], rank1["loaders"][0]["epochs"][0]
+    drawn0, drawn1 = {i for b in train0 for i in b}, {i for b in train1 for i in b}
+    assert drawn0 | drawn1 == set(range(64)) and not drawn0 & drawn1, "the training set is not sharded"
+
+
+def test_the_checkpoint_is_written_once_with_plain_keys(runs):
+    rank0, rank1 = runs["two"].traces
+    assert [s["file"] for s in rank0["saves"]] == ["model.pt"] and rank1["saves"] == []
+    assert rank0["saves"][0]["keys"] == runs["original"].traces[0]["saves"][0]["keys"] == [
+        k for k in rank0["saves"][0]["keys"] if not k.startswith("module.")]
+    assert rank0["saves"][0]["checksum"] == rank0["optimizers"][0]["checksum"]
+
+
+def test_one_process_runs_without_a_launcher(runs):
+    out = runs["one"].stdout[0]
+    assert _EVAL.findall(out).count("eval_samples 70") == 2, out
+    assert runs["one"].traces[0]["saves"][0]["file"] == "model.pt"
