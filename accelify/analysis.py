@@ -128,7 +128,7 @@ class DeviceKind:
 
 def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Optional[DeviceKind]:
     """Classify an expression that *looks like* a device; ``None`` if it does not."""
-    if _per_process_device(visitor, expr):
+    if per_process_device(visitor, expr):
         return DeviceKind("auto")
     text = string_value(expr)
     if text is not None:
@@ -176,7 +176,7 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
     return None
 
 
-def _per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
+def per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
     """``f"cuda:{local_rank}"``, ``torch.device("cuda", local_rank)``, ``torch.device(f"cuda:{rank}")``
     in a script that managed its own processes: each process's own accelerator, ``accelerator.device``."""
     plan = getattr(visitor, "plan", None)
@@ -194,7 +194,7 @@ def _per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression
                 and rank(value.expression))
     if isinstance(expr, cst.Call) and has_qname(visitor, expr.func, TORCH_DEVICE) and expr.args:
         if len(expr.args) == 1:
-            return _per_process_device(visitor, expr.args[0].value)
+            return per_process_device(visitor, expr.args[0].value)
         if len(expr.args) == 2 and string_value(expr.args[0].value) in ("cuda", "xpu", "npu"):
             return rank(expr.args[1].value)
     return False

@@ -17,7 +17,9 @@ FINDINGS: dict[str, str] = {
     "ACC105": "`scaler.scale(loss).backward()`: left as it is, `accelerator.backward` would scale the loss twice.",
     "ACC106": "`.backward()` in code that cannot reach the Accelerator (a module others import, a helper called "
     "from elsewhere): file left unchanged (with `--select`: that backward left as it is).",
-    "ACC107": "Optimizers built in more than one function, in a factory that returns them, or in a trainer method "
+    "ACC107": "Optimizers built in more than one function, in a factory that returns them (other than a plain "
+    "function called once as `a, b, c = factory()` returning only optimizers, their models and datasets: those "
+    "are prepared where they are unpacked), or in a trainer method "
     "(`Trainer.train`) that is not called exactly once, outside a loop: file left unchanged. A trainer method called "
     "once is converted (`prepare` there, the Accelerator created in `__init__`).",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "

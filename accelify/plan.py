@@ -22,7 +22,7 @@ from libcst.metadata import MetadataWrapper
 
 from accelify import walk
 from accelify.analyses import (
-    accelerator, data, devices, distributed, gradient_accumulation, hazards, helpers, mixed_precision, objects,
+    accelerator, data, devices, distributed, factories, gradient_accumulation, hazards, helpers, mixed_precision, objects,
     prepare_point, schedulers,
 )
 from accelify.analyses.facts import KINDS, Facts
@@ -182,7 +182,7 @@ def _decide(facts: Facts) -> Plan:
     that refuses the file reports why (a finding) and the plan stays not ``convertible``."""
     plan = Plan()
     facts.plan = plan  # what the shared helpers ask of it (`under_main_process_check` and a rank test)
-    optimizers = objects.optimizers(facts)
+    optimizers = factories.redirect(facts, objects.optimizers(facts))
     if not optimizers:
         hazards.untrained_backward(facts, plan)
         return plan

@@ -76,11 +76,16 @@ class DataParallel(AccelifyCodemod):
         )
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
         self.wrapped = self.plan.flow["model"] if wraps else set()
-        if wraps:
+        states = [c.func.value for c in findall(node, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))]  # type: ignore[attr-defined]
+        # `model.module.state_dict()` and never `model.state_dict()`: the script saves plain keys itself
+        plain_saves = any(m.matches(s, m.Attribute(attr=m.Name("module"))) and ref_of(self, s.value) in self.wrapped
+                          for s in states) and not any(ref_of(self, s) in self.wrapped for s in states)
+        kind = "DistributedDataParallel" if self.plan.distributed is not None else "DataParallel"
+        if wraps and not plain_saves:
             for load in findall(node, m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))):
                 if any(r in self.plan.flow["model"] for r in receiver_refs(self, load.func.value)):  # type: ignore[attr-defined]
                     self.finding(
-                        load, "ACC129", "the DataParallel wrapper is removed, so this loads into the plain model: a "
+                        load, "ACC129", f"the {kind} wrapper is removed, so this loads into the plain model: a "
                         "checkpoint the original script saved from the wrapped model has `module.`-prefixed keys and "
                         "will not load (checkpoints the converted script saves have plain keys).",
                         "convert old checkpoints once: `{k.removeprefix(\"module.\"): v for k, v in state.items()}`.",

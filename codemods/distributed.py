@@ -11,7 +11,7 @@ from accelify.analyses.distributed import (
     ALL_REDUCE, BARRIER, GET_RANK, GET_WORLD_SIZE, IS_INITIALIZED, MAIN_TESTS, main_process_test, reduce_op,
     sampler_shuffle,
 )
-from accelify.analysis import DATALOADERS, has_qname, ref_of
+from accelify.analysis import DATALOADERS, per_process_device, has_qname, ref_of
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
@@ -168,6 +168,17 @@ class Distributed(AccelifyCodemod):
         remove_imports_of(self.context, original_node)
         return accelerator_attr(accelerator, test).with_changes(
             lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    def leave_FormattedString(self, original_node: cst.FormattedString,
+                              updated_node: cst.FormattedString) -> cst.BaseExpression:
+        """``f"cuda:{local_rank}"``: each process's own device, ``accelerator.device``."""
+        if not per_process_device(self, original_node):
+            return updated_node
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
+        self.change(original_node, f"per-rank device -> `{accelerator}.device`")
+        return accelerator_attr(accelerator, "device")
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         parent = self.get_metadata(ParentNodeProvider, original_node, None)

@@ -66,6 +66,7 @@ RUNNABLE = {
     "scheduler_sized_before_prepare": Expect(evals=("after epoch",), invariant=("after epoch",)),
     "loaders_from_helper_runnable": Expect(evals=("Test set",)),
     "trainer_receives_objects": Expect(saves=("checkpoint.pt",)),
+    "factory_runnable": Expect(saves=("checkpoint.pt",)),
     "trainer_builds_optimizer": Expect(evals=("Test set", "after epoch"), invariant=("after epoch",)),
 }
 

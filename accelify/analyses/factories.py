@@ -1,0 +1,139 @@
+"""Training objects built by a factory: prepared where the factory's result is unpacked.
+
+The PyTorch DDP tutorial series (and many scripts after it) builds its objects in a helper::
+
+    def load_train_objs():
+        train_set = MyTrainDataset(2048)
+        model = torch.nn.Linear(20, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        return train_set, model, optimizer
+
+    def main(...):
+        dataset, model, optimizer = load_train_objs()
+        train_data = prepare_dataloader(dataset, batch_size)
+        ...
+
+An Accelerator created in the factory would not reach the code that trains, so the objects are
+prepared where they are unpacked: the optimizers become the caller's names, each training the
+caller's name for the model the factory returned at the same position.  Only for a plain
+module-level function with one ``return`` of names at its end, called once, as a statement that
+unpacks every returned value into plain names, returning nothing but its optimizers, the models
+they train, and other values no analysis prepares (a dataset): a scheduler or a DataLoader it
+returned would need a decision this module does not make, so the file stays as it was (ACC107).
+
+Input: the facts and the optimizers found where they are built.  Output: the optimizers as the
+caller binds them (or the ones given, unchanged, when the factory is not that simple).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from accelify.analyses.facts import Facts
+from accelify.analyses.objects import Optimizers, _model_ref
+from accelify.analysis import DATALOADERS, BACKWARD, has_qname, ref_of
+from accelify.walk import findall
+
+
+def redirect(facts: Facts, optimizers: Optimizers) -> Optimizers:
+    """The optimizers as the one caller of their factory unpacks them; ``optimizers`` when they are
+    not built by such a factory."""
+    keys = {ref[0] for ref in optimizers}
+    if len(keys) != 1:
+        return optimizers
+    key = keys.pop()
+    func = facts.functions.get(key)
+    if func is None or func.decorators or findall(func.body, BACKWARD):
+        return optimizers
+    returned = _returned_names(facts, func)
+    if returned is None:
+        return optimizers
+    unpack = _single_unpacking_call(facts, func)
+    if unpack is None:
+        return optimizers
+    assign, targets = unpack
+    if len(targets) != len(returned):
+        return optimizers
+    position = {name: i for i, name in enumerate(returned)}
+    redirected: Optimizers = {}
+    models: set[str] = set()
+    for ref, (_, trained) in optimizers.items():
+        if ref[1] not in position:
+            return optimizers  # an optimizer the factory keeps to itself
+        new_models = []
+        for model in trained:
+            model_ref = _model_ref(facts, model)
+            if model_ref is None or model_ref[0] != key or model_ref[1] not in position:
+                return optimizers  # it trains a model the caller never sees
+            models.add(model_ref[1])
+            new_models.append(targets[position[model_ref[1]]])
+        caller_ref = ref_of(facts, targets[position[ref[1]]])
+        if caller_ref is None:
+            return optimizers
+        redirected[caller_ref] = (assign, new_models)
+    others = [name for name in returned if name not in models and (key, name) not in optimizers]
+    if any(not _plain_value(facts, key, name, {r[1] for r in optimizers}) for name in others):
+        return optimizers
+    return redirected
+
+
+def _returned_names(facts: Facts, func: cst.FunctionDef) -> Optional[list[str]]:
+    """``return a, b, c`` as the last statement and the only return: the names, in order."""
+    returns = [r for r in findall(func.body, m.Return()) if _own(facts, r, func)]
+    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
+    if len(returns) != 1 or not body:
+        return None
+    last = body[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and last.body[0] is returns[0]):
+        return None
+    value = returns[0].value
+    elements = value.elements if isinstance(value, cst.Tuple) else [value] if value is not None else []
+    names = []
+    for element in elements:
+        node = element.value if isinstance(element, cst.Element) else element
+        if not isinstance(node, cst.Name):
+            return None
+        names.append(node.value)
+    return names or None
+
+
+def _own(facts: Facts, node: cst.CSTNode, func: cst.FunctionDef) -> bool:
+    """``node`` belongs to ``func`` itself, not to a function nested in it."""
+    parent = facts.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, cst.FunctionDef):
+        parent = facts.get_metadata(ParentNodeProvider, parent, None)
+    return parent is func
+
+
+def _single_unpacking_call(facts: Facts, func: cst.FunctionDef) -> Optional[tuple[cst.Assign, list[cst.Name]]]:
+    """The one use of ``func``: ``a, b, c = func(...)`` (or ``a = func(...)``) alone on its line."""
+    uses = [n for n in findall(facts.module, m.Name(func.name.value)) if n is not func.name]
+    if len(uses) != 1:
+        return None
+    call = facts.get_metadata(ParentNodeProvider, uses[0], None)
+    if not isinstance(call, cst.Call) or call.func is not uses[0]:
+        return None
+    assign = facts.get_metadata(ParentNodeProvider, call, None)
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call:
+        return None
+    target = assign.targets[0].target
+    elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+    if not all(isinstance(e, cst.Name) for e in elements):
+        return None
+    return assign, elements  # type: ignore[return-value]
+
+
+def _plain_value(facts: Facts, key: str, name: str, optimizer_names: set[str]) -> bool:
+    """A returned value no analysis prepares: bound once in the factory, not to a DataLoader, not
+    to anything built from an optimizer (a scheduler)."""
+    assigns = facts.assigns.get((key, name), [])
+    if len(assigns) != 1:
+        return False
+    value = assigns[0].value
+    if isinstance(value, cst.Call) and has_qname(facts, value.func, DATALOADERS):
+        return False
+    return not any(n.value in optimizer_names for n in findall(value, m.Name()))  # type: ignore[attr-defined]
