@@ -9,7 +9,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 
 from accelify.analyses.distributed import (
     ALL_REDUCE, BARRIER, GET_RANK, GET_WORLD_SIZE, IS_INITIALIZED, MAIN_TESTS, main_process_test, reduce_op,
-    sampler_shuffle,
+    sampler_shuffle, spawn_arguments,
 )
 from accelify.analysis import DATALOADERS, per_process_device, has_qname, ref_of
 from accelify.composite import remove_imports_of
@@ -91,7 +91,7 @@ class Distributed(AccelifyCodemod):
     ) -> cst.BaseStatement:
         result = super().leave_SimpleStatementLine(original_node, updated_node)
         dist = self.plan.distributed
-        if dist is None or result is not updated_node:
+        if dist is None or result is not updated_node or self._in_removed_helper(original_node):
             return result
         if id(original_node) in dist.gathered:
             remove_imports_of(self.context, original_node)
@@ -108,7 +108,10 @@ class Distributed(AccelifyCodemod):
         call = original_node.body[0].value
         if not isinstance(call, cst.Call):
             return updated_node
-        if id(original_node) in dist.end_training:
+        if dist.spawn is not None and id(original_node) == dist.spawn[0]:
+            return self._spawned(original_node, updated_node, call)
+        if id(original_node) in dist.end_training or (
+                isinstance(call.func, cst.Name) and call.func.value in dist.teardowns):
             return self._statement(original_node, updated_node, "end_training()", "`destroy_process_group()`")
         if has_qname(self, call.func, BARRIER):
             return self._statement(original_node, updated_node, "wait_for_everyone()", "`barrier()`")
@@ -124,6 +127,22 @@ class Distributed(AccelifyCodemod):
             new = self.parse_statement(f'{tensor} = {accelerator}.reduce({tensor}, reduction="{op}")\n')
             return new.with_changes(leading_lines=updated_node.leading_lines)
         return updated_node
+
+    def _spawned(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
+                 call: cst.Call) -> cst.BaseStatement:
+        """``mp.spawn(main, args=(world_size, epochs), nprocs=world_size)`` -> ``main(epochs)``."""
+        dist = self.plan.distributed
+        assert dist is not None and dist.spawn is not None
+        _, name, gone = dist.spawn
+        worker = next(s for s in self.shared.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name)
+        empty = cst.Module(body=[])
+        arguments = ", ".join(empty.code_for_node(a) for a in spawn_arguments(call, worker, gone))
+        self.replaced(original)
+        remove_imports_of(self.context, call.func)
+        self.change(original, f"`{empty.code_for_node(call.func)}(...)` -> `{name}({arguments})`: the launcher "
+                    "starts the processes")
+        new = self.parse_statement(f"{name}({arguments})\n")
+        return new.with_changes(leading_lines=updated.leading_lines)
 
     def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, method: str,
                    what: str) -> cst.BaseStatement:
@@ -141,6 +160,15 @@ class Distributed(AccelifyCodemod):
                     "file not converted.", "pass the accelerator to this function")
         return updated
 
+    def _in_removed_helper(self, node: cst.CSTNode) -> bool:
+        """Inside ``ddp_setup()``/``cleanup()``, which go whole."""
+        from accelify.analysis import enclosing_function
+
+        dist = self.plan.distributed
+        func = enclosing_function(self, node)
+        return dist is not None and func is not None and func.name.value in (dist.helpers | dist.teardowns) and (
+            key_is_module(self, func))
+
     def _calls_helper(self, line: cst.SimpleStatementLine) -> bool:
         dist = self.plan.distributed
         if dist is None or len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
@@ -150,7 +178,17 @@ class Distributed(AccelifyCodemod):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.BaseStatement:
         dist = self.plan.distributed
-        if dist is not None and original_node.name.value in dist.helpers and key_is_module(self, original_node):
+        if dist is not None and dist.spawn is not None and original_node.name.value == dist.spawn[1] and (
+                key_is_module(self, original_node)):
+            gone = dist.spawn[2]
+            params = [p for p in updated_node.params.params if p.name.value not in gone]
+            if params and updated_node.params.params[-1].name.value in gone:
+                params[-1] = params[-1].with_changes(comma=updated_node.params.params[-1].comma)
+            self.change(original_node, f"`{original_node.name.value}` no longer takes "
+                        f"{', '.join(f'`{g}`' for g in gone)}: the Accelerator knows its process")
+            return updated_node.with_changes(params=updated_node.params.with_changes(params=params))
+        if dist is not None and original_node.name.value in (dist.helpers | dist.teardowns) and key_is_module(
+                self, original_node):
             remove_imports_of(self.context, original_node)
             self.change(original_node, f"`{original_node.name.value}()` removed: it only set up the process group")
             return self.remove(updated_node)
@@ -163,6 +201,8 @@ class Distributed(AccelifyCodemod):
             return updated_node
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
+            if self._passed_only(original_node):
+                return updated_node  # `gpu_id == 0` on a parameter handed the rank: still right
             return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
         self.change(original_node, f"rank test -> `{accelerator}.{test}`")
         remove_imports_of(self.context, original_node)
@@ -179,6 +219,11 @@ class Distributed(AccelifyCodemod):
             return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
         self.change(original_node, f"per-rank device -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
+
+    def _passed_only(self, comparison: cst.Comparison) -> bool:
+        dist = self.plan.distributed
+        sides = [comparison.left, comparison.comparisons[0].comparator]
+        return dist is not None and any(ref_of(self, s) in dist.passed for s in sides)
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         parent = self.get_metadata(ParentNodeProvider, original_node, None)

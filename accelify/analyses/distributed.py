@@ -103,6 +103,9 @@ class Distributed:
     end_training: set[int] = field(default_factory=set)
     #: module-level set-up helpers left empty: they go, with the statements that call them
     helpers: set[str] = field(default_factory=set)
+    #: module-level helpers that only end the process group (``cleanup()``): they go, and the
+    #: statements that call them become ``accelerator.end_training()``
+    teardowns: set[str] = field(default_factory=set)
     #: names bound once to a rank or world size -> the Accelerator attribute that replaces each use
     ranks: dict[Ref, str] = field(default_factory=dict)
     #: ids of the assignments of those names (they go)
@@ -113,6 +116,12 @@ class Distributed:
     sampler_names: dict[Ref, str] = field(default_factory=dict)
     #: ids of all-reduce statements that go because the counts they add up are gathered (ACC011)
     gathered: set[int] = field(default_factory=set)
+    #: parameters and ``self`` attributes handed a rank at every call site (``Trainer(..., rank)``'s
+    #: ``gpu_id``): left as they are (they hold the Accelerator's value), but placements on them go
+    passed: dict[Ref, str] = field(default_factory=dict)
+    #: ``mp.spawn(worker, args=(...), nprocs=n)``: id of the statement, the worker, and the worker's
+    #: parameters that go (the rank spawn passes first, a world size equal to ``nprocs``)
+    spawn: Optional[tuple[int, str, list[str]]] = None
     #: ``DistributedDataParallelKwargs`` arguments, in the order written
     ddp_kwargs: list[str] = field(default_factory=list)
 
@@ -125,6 +134,8 @@ def rank_attribute(visitor: cst.MetadataDependent, expr: cst.BaseExpression, pla
         ref = ref_of(visitor, expr)
         if ref is not None and ref in plan.distributed.ranks:
             return plan.distributed.ranks[ref]
+        if ref is not None and ref in plan.distributed.passed:
+            return plan.distributed.passed[ref]
     if isinstance(expr, cst.Call) and not expr.args:
         if has_qname(visitor, expr.func, GET_RANK):
             return "process_index"
@@ -205,7 +216,8 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         dist.ranks[ref] = kind  # type: ignore[assignment]
         dist.rank_assigns.add(id(assigns[0]))
         handled.update(id(c) for c in findall(assigns[0].value, m.Call()))
-    for call in facts.calls:
+    spawns = [c for c in facts.calls if qualified_names(facts, c.func) & SPAWN]
+    for call in spawns + [c for c in facts.calls if c not in spawns]:  # the spawned worker's ranks first
         if id(call) in handled:
             continue
         names = qualified_names(facts, call.func)
@@ -228,15 +240,111 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
                 "use `with accelerator.accumulate(model):` (or `accelerator.no_sync(model)`) by hand")
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
+    _propagate(facts, dist)
     return None
+
+
+def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> Optional[Why]:
+    """``mp.spawn(worker, args=(a, b), nprocs=n)`` as a statement, ``worker`` a module-level function
+    used nowhere else: the launcher starts the processes, so the worker is called once, directly,
+    without the rank spawn passed first (the Accelerator's ``local_process_index``) nor a world size
+    equal to ``nprocs`` (``num_processes``)."""
+    usage = ("call the worker once (`accelerate launch` / `torchrun` start the processes) with the rank from "
+             "the launcher, then run accelify on that script")
+    what = f"`{code_of(call.func)}(...)`"
+    if names & {"torch.multiprocessing.start_processes", "torch.multiprocessing.spawn.start_processes"}:
+        return call, f"{what} starts processes with its own start method", usage
+    statement = plan_statement(facts, call)
+    if statement is None or dist.spawn is not None:
+        return call, f"{what} is not a single launch statement", usage
+    worker = call.args[0].value if call.args and call.args[0].keyword is None else None
+    func = facts.functions.get(worker.value) if isinstance(worker, cst.Name) else None
+    if func is None or func.decorators or func.params.star_arg not in (cst.MaybeSentinel.DEFAULT, None) or (
+        func.params.posonly_params
+    ):
+        return call, f"{what} launches `{code_of(worker) if worker else '?'}`, not a plain function of this file", usage
+    uses = [n for n in findall(facts.module, m.Name(func.name.value)) if n is not func.name]
+    if len(uses) != 1:
+        return call, f"`{func.name.value}` is used elsewhere too, not only launched by {what}", usage
+    arguments: list[cst.BaseExpression] = []
+    nprocs: Optional[cst.BaseExpression] = None
+    for arg in call.args[1:]:
+        key = arg.keyword.value if arg.keyword is not None else None
+        if key == "args" and isinstance(arg.value, cst.Tuple):
+            arguments = [e.value for e in arg.value.elements]
+        elif key == "nprocs":
+            nprocs = arg.value
+        elif key == "join" and code_of(arg.value) == "True":
+            continue
+        else:
+            return arg, f"`{code_of(arg)}` of {what} has no meaning under a launcher accelify knows", usage
+    params = [p.name.value for p in func.params.params]
+    if not params or len(arguments) > len(params) - 1 or any(
+        p.default is None for p in func.params.params[1 + len(arguments):]
+    ):
+        return call, f"{what} does not call `{func.name.value}` with one argument per parameter", usage
+    gone = [params[0]]
+    key = func.name.value
+    dist.ranks[(key, params[0])] = "local_process_index"
+    for param, value in zip(params[1:], arguments):
+        if nprocs is not None and code_of(value) == code_of(nprocs):
+            dist.ranks[(key, param)] = "num_processes"
+            gone.append(param)
+    dist.spawn = (id(statement), key, gone)
+    return None
+
+
+def spawn_arguments(call: cst.Call, worker: cst.FunctionDef, gone: list[str]) -> list[cst.BaseExpression]:
+    """What the worker is called with once spawn is gone: the ``args=`` tuple but the parameters that go."""
+    arguments: list[cst.BaseExpression] = []
+    for arg in call.args[1:]:
+        if arg.keyword is not None and arg.keyword.value == "args" and isinstance(arg.value, cst.Tuple):
+            arguments = [e.value for e in arg.value.elements]
+    params = [p.name.value for p in worker.params.params][1:]
+    return [value for param, value in zip(params, arguments) if param not in gone]
+
+
+def _propagate(facts: Facts, dist: Distributed) -> None:
+    """``dist.passed``: parameters every call site hands a rank (``Trainer(model, ..., rank)``), and
+    ``self`` attributes bound only to those (``self.gpu_id = gpu_id``)."""
+    plan = facts.plan
+    if plan is None:
+        return
+    callables: list[tuple[str, cst.FunctionDef, Optional[cst.ClassDef]]] = [
+        (name, func, None) for name, func in facts.functions.items()]
+    for name, cls in facts.classes.items():
+        init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        if init is not None:
+            callables.append((name, init, cls))
+    changed = True
+    while changed:
+        changed = False
+        for name, func, cls in callables:
+            sites = facts.call_sites(name, func, cls)
+            if not sites:
+                continue
+            key = f"{name}.__init__" if cls is not None else name
+            for param in [p.name.value for p in func.params.params]:
+                if (key, param) in dist.passed or (key, param) in dist.ranks:
+                    continue
+                kinds = {rank_attribute(facts, bound[param], plan) if param in bound else None for _, bound in sites}
+                if len(kinds) == 1 and None not in kinds:
+                    dist.passed[(key, param)] = kinds.pop()  # type: ignore[assignment]
+                    changed = True
+        for (owner, name), assigns in facts.assigns.items():
+            if owner not in facts.classes or not name.startswith("self.") or (owner, name) in dist.passed:
+                continue
+            kinds = {rank_attribute(facts, a.value, plan) if facts.single_target(a) == (owner, name) else None
+                     for a in assigns}
+            if len(kinds) == 1 and None not in kinds:
+                dist.passed[(owner, name)] = kinds.pop()  # type: ignore[assignment]
+                changed = True
 
 
 def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: set[str], handled: set[int]) -> Optional[Why]:
     """Account for one call of the distributed API (None) or say why it cannot be converted."""
     if names & SPAWN:
-        return (call, f"`{code_of(call.func)}` launches the worker processes itself: `mp.spawn` launches are not "
-                "converted yet", "call the worker once with the launcher's rank (`accelerate launch` / `torchrun` "
-                "start the processes), then run accelify on that script")
+        return _spawn(facts, dist, call, names)
     if names & FSDP:
         return (call, f"`{code_of(call.func)}` shards the model by hand",
                 "use Accelerate's FSDP plugin (`accelerate config`, or `FullyShardedDataParallelPlugin`) and "
@@ -500,6 +608,11 @@ def _setup_helpers(facts: Facts, dist: Distributed) -> set[str]:
     for name, func in facts.functions.items():
         body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
         statements = [s for s in body if not _is_docstring(s)]
+        if statements and all(id(s) in dist.end_training for s in statements):
+            uses = [n for n in findall(facts.module, m.Name(name)) if n is not func.name]
+            if all(_called_as_statement(facts, n) for n in uses):
+                dist.teardowns.add(name)
+            continue
         if not statements or not all(_goes(facts, dist, s) for s in statements):
             continue
         uses = [n for n in findall(facts.module, m.Name(name)) if n is not func.name]
