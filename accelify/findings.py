@@ -66,8 +66,9 @@ FINDINGS: dict[str, str] = {
     "sharded, every process trains on all of it; reported.",
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
     "from a factory): file left unchanged.",
-    "ACC126": "A script that manages its own processes with something accelify does not convert (`mp.spawn`, "
-    "`all_gather`, `broadcast`, process subgroups, FSDP, `no_sync`, a rank with a single-process default): the "
+    "ACC126": "A script that manages its own processes with something accelify does not convert (an `mp.spawn`ed "
+    "worker also called directly, `all_gather`, `broadcast`, process subgroups, FSDP, `no_sync`, a rank with a "
+    "single-process default): the "
     "finding names it; file left unchanged (half a conversion would wrap the model or shard the data twice).",
     "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
     "outside the setup code that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "

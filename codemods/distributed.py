@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
 from accelify.analyses.distributed import (
     ALL_REDUCE, BARRIER, GET_RANK, GET_WORLD_SIZE, IS_INITIALIZED, MAIN_TESTS, main_process_test, reduce_op,
-    sampler_shuffle, spawn_arguments,
+    is_arg_rank, sampler_shuffle, spawn_arguments,
 )
 from accelify.analysis import DATALOADERS, per_process_device, has_qname, ref_of
 from accelify.composite import remove_imports_of
@@ -194,6 +195,43 @@ class Distributed(AccelifyCodemod):
             return self.remove(updated_node)
         return updated_node
 
+    def edit_body(self, block, items):
+        """``if rank != 0: barrier()`` / what rank 0 does first / ``if rank == 0: barrier()`` ->
+        ``with accelerator.main_process_first():`` around what is between."""
+        dist = self.plan.distributed
+        if dist is None or not dist.first:
+            return items
+        origins = [id(origin) if origin is not None else None for _, origin in items]
+        for opening, closing in dist.first:
+            if opening not in origins or closing not in origins:
+                continue
+            start, end = origins.index(opening), origins.index(closing)
+            inner = []
+            for node, _ in items[start + 1:end]:
+                if m.matches(node, m.With(items=[m.WithItem(m.Call(func=m.Attribute(attr=m.Name("main_process_first"))))])):
+                    inner.extend(node.body.body)  # type: ignore[attr-defined]  # ACC017 put a download under it
+                else:
+                    inner.append(node)
+            if not inner or end < start:
+                continue
+            accelerator = self.accelerator_at(items[start][1])  # type: ignore[arg-type]
+            if accelerator is None:
+                self._unreachable(items[start][1], items[start][0])  # type: ignore[arg-type]
+                continue
+            opening_node = items[start][0]
+            inner[0] = inner[0].with_changes(leading_lines=[])
+            first = cst.With(
+                items=[cst.WithItem(cst.parse_expression(f"{accelerator}.main_process_first()"))],
+                body=cst.IndentedBlock(body=inner),
+                leading_lines=opening_node.leading_lines,
+            )
+            remove_imports_of(self.context, items[start][1])  # type: ignore[arg-type]
+            self.change(items[start][1], "the \"rank 0 first\" barrier pair -> "  # type: ignore[arg-type]
+                        f"`with {accelerator}.main_process_first():`")
+            items = [*items[:start], (first, items[start][1]), *items[end + 1:]]
+            origins = [id(origin) if origin is not None else None for _, origin in items]
+        return items
+
     # ------------------------------------------------------------------ expressions
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
         test = main_process_test(self, original_node, self.plan)
@@ -239,7 +277,11 @@ class Distributed(AccelifyCodemod):
         if dist is None:
             return updated
         ref = ref_of(self, original)
-        if ref is None or ref not in dist.ranks:
+        if ref is not None and ref in dist.ranks:
+            attribute = dist.ranks[ref]
+        elif is_arg_rank(self, original, dist):
+            attribute = "local_process_index"
+        else:
             return updated
         if self.get_metadata(ExpressionContextProvider, original, None) != ExpressionContext.LOAD:
             return updated
@@ -248,7 +290,6 @@ class Distributed(AccelifyCodemod):
         accelerator = self.accelerator_at(original)
         if accelerator is None:
             return self._unreachable(original, updated)  # type: ignore[return-value]
-        attribute = dist.ranks[ref]
         if attribute in MAIN_TESTS and self._device_position(original):
             attribute = "device"
         code = cst.Module(body=[]).code_for_node(original)

@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import MODULE, key_at, qualified_names, scope_root, setup_blocks
+from accelify.analysis import MODULE, key_at, qualified_names, scope_root, setup_blocks, under_main_process_check
 from accelify.plan import Plan
 
 from accelify.composite import descendants, rebuild_with, replace_in
@@ -123,6 +123,8 @@ class MainProcessOutput(AccelifyCodemod):
     def _rewrite(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         names = qualified_names(self, original_node.func)
         if isinstance(original_node.func, cst.Name) and names & _PRINT:
+            if under_main_process_check(self, original_node):
+                return updated_node  # `if rank == 0: print(...)`: once already
             accelerator = self._reachable(original_node)
             if accelerator is not None:
                 self.change(original_node, "`print` -> `accelerator.print`: once, on the main process")

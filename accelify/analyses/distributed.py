@@ -119,6 +119,12 @@ class Distributed:
     #: parameters and ``self`` attributes handed a rank at every call site (``Trainer(..., rank)``'s
     #: ``gpu_id``): left as they are (they hold the Accelerator's value), but placements on them go
     passed: dict[Ref, str] = field(default_factory=dict)
+    #: the parsed arguments (``args = parser.parse_args()``) whose ``.local_rank`` (``--local_rank``,
+    #: passed by ``torch.distributed.launch``) is the local rank: each read becomes the Accelerator's
+    arg_ranks: set[Ref] = field(default_factory=set)
+    #: the "rank 0 first" barrier pairs (``if local_rank != 0: barrier()`` ... ``if local_rank == 0:
+    #: barrier()``): ids of the two ``if`` statements; what is between runs under ``main_process_first()``
+    first: list[tuple[int, int]] = field(default_factory=list)
     #: ``mp.spawn(worker, args=(...), nprocs=n)``: id of the statement, the worker, and the worker's
     #: parameters that go (the rank spawn passes first, a world size equal to ``nprocs``)
     spawn: Optional[tuple[int, str, list[str]]] = None
@@ -136,11 +142,36 @@ def rank_attribute(visitor: cst.MetadataDependent, expr: cst.BaseExpression, pla
             return plan.distributed.ranks[ref]
         if ref is not None and ref in plan.distributed.passed:
             return plan.distributed.passed[ref]
+        if is_arg_rank(visitor, expr, plan.distributed):
+            return "local_process_index"
     if isinstance(expr, cst.Call) and not expr.args:
         if has_qname(visitor, expr.func, GET_RANK):
             return "process_index"
         if has_qname(visitor, expr.func, GET_WORLD_SIZE):
             return "num_processes"
+    return None
+
+
+def is_arg_rank(visitor: cst.MetadataDependent, expr: cst.BaseExpression, dist: Distributed) -> bool:
+    """``args.local_rank`` of arguments parsed with a ``--local_rank`` option."""
+    return (isinstance(expr, cst.Attribute) and expr.attr.value == "local_rank"
+            and ref_of(visitor, expr.value) in dist.arg_ranks)
+
+
+def not_main_process_test(visitor: cst.MetadataDependent, test: cst.BaseExpression, plan: Plan) -> Optional[str]:
+    """``rank != 0``, ``local_rank > 0``, ``args.local_rank not in [-1, 0]``, ``not rank == 0``: the
+    main-process attribute it negates, or None."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return main_process_test(visitor, test.expression, plan)
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    target = test.comparisons[0]
+    operator = target.operator
+    if isinstance(operator, (cst.NotEqual, cst.GreaterThan)) and _is_zero(target.comparator):
+        equal = test.with_changes(comparisons=[target.with_changes(operator=cst.Equal())])
+        return main_process_test(visitor, equal, plan)
+    if isinstance(operator, cst.NotIn):
+        return main_process_test(visitor, test.with_changes(comparisons=[target.with_changes(operator=cst.In())]), plan)
     return None
 
 
@@ -216,6 +247,9 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         dist.ranks[ref] = kind  # type: ignore[assignment]
         dist.rank_assigns.add(id(assigns[0]))
         handled.update(id(c) for c in findall(assigns[0].value, m.Call()))
+    why = _arg_ranks(facts, plan, dist)
+    if why is not None:
+        return why
     spawns = [c for c in facts.calls if qualified_names(facts, c.func) & SPAWN]
     for call in spawns + [c for c in facts.calls if c not in spawns]:  # the spawned worker's ranks first
         if id(call) in handled:
@@ -241,7 +275,65 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
     _propagate(facts, dist)
+    _first_pairs(facts, plan, dist)
     return None
+
+
+def _arg_ranks(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
+    """``parser.add_argument("--local_rank", ...)`` and ``args = parser.parse_args()``: ``args.local_rank``
+    is the local rank, where it is read as one (a placement, ``== 0``, ``!= 0``, ``in [-1, 0]``, a value)."""
+    options = [c for c in facts.calls if m.matches(c.func, m.Attribute(attr=m.Name("add_argument")))
+               and c.args and string_value(c.args[0].value) in ("--local_rank", "--local-rank")]
+    if not options:
+        return None
+    for ref, assigns in facts.assigns.items():
+        if any(m.matches(a.value, m.Call(func=m.Attribute(attr=m.Name("parse_args")))) for a in assigns):
+            dist.arg_ranks.add(ref)
+    usage = "read the local rank only as a rank (`== 0`, `in [-1, 0]`, a device), or use `accelerator.local_process_index`"
+    for node in findall(facts.module, m.Attribute(attr=m.Name("local_rank"))):
+        if not is_arg_rank(facts, node, dist):  # type: ignore[arg-type]
+            continue
+        parent = facts.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) or (
+            isinstance(parent, cst.Assign) and node is not parent.value
+        ):
+            return node, f"`{code_of(node)}` is set by the script itself", usage
+        if isinstance(parent, cst.Comparison) and main_process_test(facts, parent, plan) is None and (
+            not_main_process_test(facts, parent, plan) is None
+        ):
+            return parent, f"`{code_of(parent)}` tests for a run without a launcher (a single-process path too)", usage
+    return None
+
+
+def _first_pairs(facts: Facts, plan: Plan, dist: Distributed) -> None:
+    """``if rank != 0: barrier()`` ... ``if rank == 0: barrier()`` in one block: ``dist.first``."""
+    for block in findall(facts.module, m.IndentedBlock() | m.Module()):
+        body = list(block.body)  # type: ignore[attr-defined]
+        for i, stmt in enumerate(body):
+            wait = _barrier_if(facts, plan, stmt, negated=True)
+            if wait is None:
+                continue
+            for j in range(i + 1, len(body)):
+                if _barrier_if(facts, plan, body[j], negated=False) == wait:
+                    if not any(findall(s, m.Call()) and any(has_qname(facts, c.func, BARRIER)
+                               for c in findall(s, m.Call())) for s in body[i + 1:j]):
+                        dist.first.append((id(stmt), id(body[j])))
+                    break
+
+
+def _barrier_if(facts: Facts, plan: Plan, stmt: cst.BaseStatement, negated: bool) -> Optional[str]:
+    """``if <rank test>: dist.barrier()`` (nothing else, no else): the main-process attribute tested."""
+    if not isinstance(stmt, cst.If) or stmt.orelse is not None or not isinstance(stmt.body, cst.IndentedBlock):
+        return None
+    if len(stmt.body.body) != 1 or not isinstance(stmt.body.body[0], cst.SimpleStatementLine):
+        return None
+    line = stmt.body.body[0]
+    if len(line.body) != 1 or not isinstance(line.body[0], cst.Expr) or not isinstance(line.body[0].value, cst.Call):
+        return None
+    if not has_qname(facts, line.body[0].value.func, BARRIER):
+        return None
+    test = not_main_process_test if negated else main_process_test
+    return test(facts, stmt.test, plan)
 
 
 def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> Optional[Why]:
