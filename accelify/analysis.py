@@ -566,6 +566,18 @@ def receiver_refs(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> I
             return
 
 
+def inside(visitor: cst.MetadataDependent, node: cst.CSTNode, ids: Union[set[int], frozenset[int]]) -> bool:
+    """Is ``node``, or a node around it, one of ``ids``?"""
+    from libcst.metadata import ParentNodeProvider
+
+    current: Optional[cst.CSTNode] = node
+    while current is not None:
+        if id(current) in ids:
+            return True
+        current = visitor.get_metadata(ParentNodeProvider, current, None)
+    return False
+
+
 def under_main_process_check(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
     """Inside ``if accelerator.is_main_process:`` (or ``is_local_main_process``), or, in a script
     that managed its own processes, ``if rank == 0:`` (which becomes one)?"""

@@ -10,7 +10,7 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import RawFinding, key_at, locate_setup, rebound_region, scope_key, scope_root, trainer_functions
+from accelify.analysis import RawFinding, inside, key_at, locate_setup, rebound_region, scope_key, scope_root, trainer_functions
 from accelify.composite import Block, Item, Shared, remove_imports_of
 from accelify.plan import Plan
 from accelify.report import Change
@@ -183,12 +183,7 @@ class AccelifyCodemod(cst.CSTTransformer):
 
     def inside(self, node: cst.CSTNode, statements: set[int]) -> bool:
         """Is ``node`` part of one of ``statements``?"""
-        current: Optional[cst.CSTNode] = node
-        while current is not None:
-            if id(current) in statements:
-                return True
-            current = self.get_metadata(ParentNodeProvider, current, None)
-        return False
+        return inside(self, node, statements)
 
     # ------------------------------------------------------------------ statements
     def remove(self, updated: Statement) -> Statement:

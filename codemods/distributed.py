@@ -310,12 +310,7 @@ class Distributed(AccelifyCodemod):
     def _in_removed_code(self, node: cst.CSTNode) -> bool:
         """Inside a statement that goes, where rewriting it would be wasted (and its position unknown)."""
         dist = self.plan.distributed
-        current: Optional[cst.CSTNode] = node
-        while current is not None:
-            if dist is not None and (id(current) in dist.remove or id(current) in dist.rank_assigns):
-                return True
-            current = self.get_metadata(ParentNodeProvider, current, None)
-        return False
+        return dist is not None and self.inside(node, dist.remove | dist.rank_assigns)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         dist = self.plan.distributed

@@ -41,7 +41,7 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import DATALOADERS, Ref, has_qname, qualified_names, ref_of, string_value
+from accelify.analysis import DATALOADERS, Ref, has_qname, inside, qualified_names, ref_of, string_value
 from accelify.walk import findall
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             continue
         if len(kinds) != 1 or len(assigns) != 1 or None in kinds:
             return (assigns[0], f"`{ref[1]}` holds a rank but is bound more than once, or to other values too",
-                    f"read the rank once, or use `accelerator.process_index` by hand")
+                    "read the rank once, or use `accelerator.process_index` by hand")
         kind = kinds.pop()
         if kind.startswith("?"):
             return (assigns[0], kind[1:], "a script with a single-process path too is not converted yet: keep the "
@@ -266,7 +266,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
                 dist.remove.add(id(line))
                 continue
-        if not _inside(facts, read, dist.remove) and not _inside_assign(facts, read, dist.rank_assigns):
+        if not inside(facts, read, dist.remove) and not inside(facts, read, dist.rank_assigns):
             return (read, f"`{code_of(read)}` is read outside the process-group set-up accelify removes",
                     "use `accelerator.process_index` / `local_process_index` / `num_processes`")
     for node in findall(facts.module, m.Attribute(attr=m.Name("no_sync") | m.Name("require_backward_grad_sync"))):
@@ -549,14 +549,13 @@ def _sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Opt
         return (arg, f"`{code_of(arg)}` of the DistributedSampler is not one accelify can move to the DataLoader",
                 usage)
     parent = facts.get_metadata(ParentNodeProvider, call, None)
-    if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "sampler":
-        loader = facts.get_metadata(ParentNodeProvider, parent, None)
-        if isinstance(loader, cst.Call) and has_qname(facts, loader.func, DATALOADERS):
-            why = _loader_takes(loader, call)
-            if why:
-                return call, why, usage
-            dist.samplers.add(id(call))
-            return None
+    loader = _loader_given(facts, call)
+    if loader is not None:
+        why = _loader_takes(loader, call)
+        if why:
+            return call, why, usage
+        dist.samplers.add(id(call))
+        return None
     if isinstance(parent, cst.Assign) and facts.single_target(parent) is not None and isinstance(parent.targets[0].target, (cst.Name, cst.Attribute)):
         ref = facts.single_target(parent)
         if len(facts.assigns.get(ref, [])) != 1:  # type: ignore[arg-type]
@@ -567,19 +566,26 @@ def _sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Opt
             up = facts.get_metadata(ParentNodeProvider, use, None)
             if isinstance(up, cst.Attribute) and up.attr.value == "set_epoch":
                 continue
-            if isinstance(up, cst.Arg) and up.keyword is not None and up.keyword.value == "sampler":
-                loader = facts.get_metadata(ParentNodeProvider, up, None)
-                if isinstance(loader, cst.Call) and has_qname(facts, loader.func, DATALOADERS):
-                    why = _loader_takes(loader, call)
-                    if why:
-                        return call, why, usage
-                    continue
-            return use, f"the DistributedSampler `{code_of(use)}` is used for more than the DataLoader", usage
+            loader = _loader_given(facts, use)
+            if loader is None:
+                return use, f"the DistributedSampler `{code_of(use)}` is used for more than the DataLoader", usage
+            why = _loader_takes(loader, call)
+            if why:
+                return call, why, usage
         dist.samplers.add(id(call))
         dist.sampler_names[ref] = sampler_shuffle(call)  # type: ignore[index]
         dist.remove.add(id(facts.get_metadata(ParentNodeProvider, parent)))
         return None
     return call, f"`{code_of(call)}` is not given to a DataLoader accelify can see", usage
+
+
+def _loader_given(facts: Facts, value: cst.CSTNode) -> Optional[cst.Call]:
+    """The ``DataLoader(..., sampler=<value>)`` call ``value`` is given to, if it is."""
+    arg = facts.get_metadata(ParentNodeProvider, value, None)
+    if not isinstance(arg, cst.Arg) or arg.keyword is None or arg.keyword.value != "sampler":
+        return None
+    loader = facts.get_metadata(ParentNodeProvider, arg, None)
+    return loader if isinstance(loader, cst.Call) and has_qname(facts, loader.func, DATALOADERS) else None
 
 
 def _loader_takes(loader: cst.Call, sampler: cst.Call) -> str:
@@ -681,19 +687,6 @@ def _rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.Ba
     return ENV_RANKS[key]
 
 
-def _inside(facts: Facts, node: cst.CSTNode, statements: set[int]) -> bool:
-    current: Optional[cst.CSTNode] = node
-    while current is not None:
-        if id(current) in statements:
-            return True
-        current = facts.get_metadata(ParentNodeProvider, current, None)
-    return False
-
-
-def _inside_assign(facts: Facts, node: cst.CSTNode, assigns: set[int]) -> bool:
-    return _inside(facts, node, assigns)
-
-
 def _setup_helpers(facts: Facts, dist: Distributed) -> set[str]:
     """Module-level functions whose every statement goes (``ddp_setup()``), called only as statements."""
     helpers = set()
@@ -764,7 +757,7 @@ def reductions(facts: Facts, plan: Plan) -> bool:
                 if {n for t in assign.targets for n in assigned_names(t.target)} & names:  # type: ignore[attr-defined]
                     names |= {n.value for n in findall(assign.value, m.Name())}  # type: ignore[attr-defined]
         for loop in facts.loops:
-            if not _inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
+            if not inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
                 continue
             counted = {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(aug.target)}  # type: ignore[attr-defined]
             if not counted & names:

@@ -1,0 +1,145 @@
+"""ACC018 / ACC126: a hand-written distributed script converts whole, or stays byte-identical with a
+finding that names what accelify does not convert."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from accelify.pipeline import convert_source
+
+HEAD = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+"""
+
+TRAIN = """\
+model = DDP(Net())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = criterion(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def convert(body: str):
+    source = HEAD + textwrap.dedent(body) + TRAIN
+    return source, convert_source(source, "train.py")
+
+
+def refused(body: str, *words: str) -> None:
+    source, result = convert(body)
+    assert result.output == source, "a refused file must come back byte-identical"
+    assert [f.code for f in result.findings] == ["ACC126"], result.findings
+    for word in words:
+        assert word in result.findings[0].message, result.findings[0].message
+
+
+def test_the_plain_torchrun_shape_converts():
+    _, result = convert("""\
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+        """)
+    assert result.error is None and not result.findings, result.findings
+    for gone in ("init_process_group", "LOCAL_RANK", "DistributedSampler", "DDP(", "import os"):
+        assert gone not in result.output, gone
+    assert "loader = DataLoader(dataset, batch_size=8, shuffle=True)" in result.output
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ('dist.init_process_group("nccl")\nrank = int(os.environ.get("RANK", -1))\n'
+         "loader = DataLoader(dataset, sampler=DistributedSampler(dataset))\n", ["default `-1`"]),
+        ('dist.init_process_group("nccl")\n'
+         "loader = DataLoader(dataset, sampler=DistributedSampler(dataset, drop_last=True))\n", ["drop_last=True"]),
+        ('dist.init_process_group("nccl")\nloader = DataLoader(dataset, sampler=DistributedSampler(dataset))\n'
+         "t = torch.ones(1)\ndist.all_reduce(t, op=dist.ReduceOp.MAX)\n", ["SUM or AVG"]),
+        ('dist.init_process_group("nccl")\nloader = DataLoader(dataset, sampler=DistributedSampler(dataset))\n'
+         "group = dist.new_group([0, 1])\n", ["new_group"]),
+        ('dist.init_process_group("nccl")\nloader = DataLoader(dataset, sampler=DistributedSampler(dataset))\n'
+         'print(os.environ["RANK"])\n', ['os.environ["RANK"]']),
+        ('dist.init_process_group("nccl")\nsampler = DistributedSampler(dataset)\n'
+         "loader = DataLoader(dataset, sampler=sampler)\nprint(len(sampler))\n", ["used for more than"]),
+    ],
+)
+def test_what_is_not_understood_refuses_the_whole_file_and_names_it(body, words):
+    refused(body, *words)
+
+
+def test_ddp_arguments_that_are_not_constants_refuse():
+    source = HEAD + 'dist.init_process_group("nccl")\nloader = DataLoader(dataset, sampler=DistributedSampler(dataset))\n' \
+        + TRAIN.replace("DDP(Net())", "DDP(Net(), find_unused_parameters=args.unused)")
+    result = convert_source(source, "train.py")
+    assert result.output == source and [f.code for f in result.findings] == ["ACC126"]
+    assert "find_unused_parameters=args.unused" in result.findings[0].message
+
+
+def test_matched_by_qualified_name_not_by_spelling():
+    source = textwrap.dedent("""\
+        import torch
+        import torch.distributed as td
+        from torch.nn import parallel
+        from torch.utils.data import DataLoader, distributed as ud
+
+        td.init_process_group("gloo")
+        loader = DataLoader(dataset, batch_size=8, sampler=ud.DistributedSampler(dataset, shuffle=False))
+        model = parallel.DistributedDataParallel(Net())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        if td.get_rank() == 0:
+            torch.save(model.module.state_dict(), "model.pt")
+        """)
+    result = convert_source(source, "train.py")
+    assert result.error is None and not result.findings, result.findings
+    out = result.output
+    assert "td." not in out and "DistributedDataParallel" not in out and "DistributedSampler" not in out
+    assert "DataLoader(dataset, batch_size=8, shuffle=False)" in out
+    assert "if accelerator.is_main_process:" in out
+    assert "accelerator.unwrap_model(model).state_dict()" in out
+
+
+def test_a_local_that_merely_shares_a_name_is_not_touched():
+    source = textwrap.dedent("""\
+        import torch
+
+        def barrier():
+            print("a barrier of this script's own")
+
+        dist = {"rank": 0}
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+        barrier()
+        print(dist["rank"] == 0)
+        """)
+    out = convert_source(source, "train.py").output
+    assert "barrier()\n" in out and 'dist["rank"] == 0' in out and "wait_for_everyone" not in out
+
+
+def test_converted_code_is_left_as_it_is():
+    _, result = convert("""\
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+        dist.barrier()
+        if rank == 0:
+            print("ready")
+        """)
+    again = convert_source(result.output, "train.py")
+    assert again.output == result.output and not again.changes
