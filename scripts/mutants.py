@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["tests/", "--ignore=tests/test_e2e_scripts.py", "--ignore=tests/test_e2e_docs.py"]
 E2E = ["tests/test_e2e_scripts.py"]
+E2E_DIST = ["tests/test_e2e_distributed.py"]
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,46 @@ MUTANTS = [
         "    return os.path.commonpath([real, top]) != top\n",
         "    return False\n",
         tests=("tests/test_cli_jobs.py",),
+    ),
+    # --- hand-written distributed scripts (issue 10)
+    Mutant(
+        "eval-all-reduce-kept", "an evaluation's gathered counts are all-reduced too: counted N times",
+        "accelify/analyses/distributed.py",
+        "                dist.remove.add(id(statement))\n                dist.gathered.add(id(statement))\n",
+        "                pass\n",
+        tests=tuple(E2E_DIST),
+    ),
+    Mutant(
+        "distributed-sampler-kept", "a DistributedSampler left in a prepared loader: the data sharded twice",
+        "codemods/distributed.py",
+        "        return id(value) in dist.samplers or ref_of(self, value) in dist.sampler_names\n",
+        "        return False\n",
+        tests=tuple(E2E_DIST),
+    ),
+    Mutant(
+        "rank-test-unknown", "a save under `rank == 0` in a helper gets a barrier: a hang",
+        "accelify/analysis.py",
+        "    return main_process_test(visitor, test, plan) is not None\n",
+        "    return False\n",
+    ),
+    Mutant(
+        "spawn-rank-parameter-kept", "the worker still takes the rank spawn passed: a TypeError at start",
+        "codemods/distributed.py",
+        "            params = [p for p in updated_node.params.params if p.name.value not in gone]\n",
+        "            params = list(updated_node.params.params)\n",
+        tests=tuple(E2E_DIST),
+    ),
+    Mutant(
+        "ddp-kwargs-dropped", "find_unused_parameters=True silently lost: DDP errors on unused parameters",
+        "accelify/plan.py",
+        "        if self.distributed is not None and self.distributed.ddp_kwargs:\n",
+        "        if False:\n",
+    ),
+    Mutant(
+        "factory-not-followed", "the DDP tutorial's load_train_objs() refused again (ACC107)",
+        "accelify/analyses/factories.py",
+        "    return redirected\n",
+        "    return optimizers\n",
     ),
 ]
 
