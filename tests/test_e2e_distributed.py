@@ -84,9 +84,10 @@ def test_two_processes_train_one_model_on_their_own_shards(runs):
 
 
 def test_the_checkpoint_is_written_once_with_plain_keys(runs):
-    if runs["spawn"]:
-        pytest.skip("the spawn fixture saves nothing")
     rank0, rank1 = runs["two"].traces
+    if runs["spawn"]:  # the spawn fixture saves nothing, and neither does its conversion
+        assert rank0["saves"] == rank1["saves"] == []
+        return
     assert [s["file"] for s in rank0["saves"]] == ["model.pt"] and rank1["saves"] == []
     assert rank0["saves"][0]["keys"] == runs["original"].traces[0]["saves"][0]["keys"] == [
         k for k in rank0["saves"][0]["keys"] if not k.startswith("module.")]

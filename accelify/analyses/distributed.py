@@ -490,10 +490,27 @@ def _all_reduce(facts: Facts, call: cst.Call, statement: Optional[cst.SimpleStat
         return call, f"`{code_of(call)}` is not an all-reduce of a named tensor, as a statement", usage
     if call.args[0].keyword is not None:
         return call, f"`{code_of(call)}` passes the tensor by keyword", usage
+    reduced = call.args[0].value
+    if findall(reduced, m.Attribute(attr=m.Name("grad"))) or _in_parameter_loop(facts, call):
+        return (call, f"`{code_of(call)}` synchronises gradients by hand (DDP's job, which `prepare` gives the "
+                "model: they would be added up twice)", "drop the hand-written synchronisation: `prepare` wraps "
+                "the model in DistributedDataParallel")
     op = reduce_op(facts, call)
     if op is None:
         return call, f"`{code_of(call)}` reduces with an operation other than SUM or AVG, or asynchronously", usage
     return None
+
+
+def _in_parameter_loop(facts: Facts, node: cst.CSTNode) -> bool:
+    """Inside ``for p in model.parameters():`` (a hand-written gradient or weight synchronisation)."""
+    current = facts.get_metadata(ParentNodeProvider, node, None)
+    while current is not None:
+        if isinstance(current, cst.For) and findall(
+            current.iter, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
+        ):
+            return True
+        current = facts.get_metadata(ParentNodeProvider, current, None)
+    return False
 
 
 def reduce_op(visitor: cst.MetadataDependent, call: cst.Call) -> Optional[str]:

@@ -20,7 +20,8 @@ from libcst.metadata import ScopeProvider
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
 from accelify.analysis import (
-    ACCELERATOR_SPELLINGS, has_qname, key_at, qualified_names, scope_key, under_main_process_check,
+    ACCELERATOR_SPELLINGS, enclosing_function, has_qname, key_at, qualified_names, scope_key,
+    under_main_process_check,
 )
 from accelify.walk import findall
 
@@ -101,14 +102,14 @@ def _backward_out_of_reach(facts: Facts, plan: Plan) -> Optional[cst.Call]:
 
 
 def multi_process(facts: Facts, plan: Plan) -> bool:
-    """Constructs that are fine in one process and wrong in several (ACC115, ACC116, ACC119; ACC120
-    refuses the file: False)."""
+    """Constructs that are fine in one process and wrong in several (ACC116, ACC119; ACC120 and
+    ACC114 for an evaluation on the main process only refuse the file: False)."""
     from accelify.early_stop import EarlyStops
 
     plan.findings.extend(
         EarlyStops(facts, plan, facts.module, [*facts.loops, *facts.whiles], facts.exits).findings()
     )
-    refused = _wrapped_model_attributes(facts, plan)
+    refused = _wrapped_model_attributes(facts, plan) or _evaluated_by_one_process(facts, plan)
     for call in facts.calls:
         func = call.func
         if (
@@ -124,6 +125,31 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
             )
 
     return not refused
+
+
+def _evaluated_by_one_process(facts: Facts, plan: Plan) -> bool:
+    """ACC114: an evaluation loop ACC011 would gather, run on the main process only (``if rank == 0:``
+    around it, or around every call of the function it is in). The gather is a collective: the
+    main process would wait in it for processes that never come. True when one is found."""
+    from accelify.codemods.gather import Gather, find_gather
+
+    for loop in facts.loops:
+        if not isinstance(find_gather(facts, loop, plan), Gather):
+            continue
+        func = enclosing_function(facts, loop)
+        calls = [c for c, _ in facts.call_sites(func.name.value, func)] if func is not None and (
+            func.name.value in facts.functions and facts.functions[func.name.value] is func) else []
+        if under_main_process_check(facts, loop) or any(under_main_process_check(facts, c) for c in calls):
+            facts.finding(
+                plan, loop, "ACC114",
+                "this evaluation runs on the main process only (under a rank test): over a prepared dataloader "
+                "it sees one shard, and the gather that would collect the others is a collective the other "
+                "processes never reach (the run would hang). File not converted.",
+                "evaluate on every process (no rank test around the loop: `accelerator.gather_for_metrics` collects "
+                "the whole set) and print the result under `if accelerator.is_main_process:`.",
+            )
+            return True
+    return False
 
 
 def _wrapped_model_attributes(facts: Facts, plan: Plan) -> bool:
