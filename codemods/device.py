@@ -99,6 +99,10 @@ class RemoveDevice(AccelifyCodemod):
         (the first device statement it rewrites), or None when the Accelerator goes elsewhere."""
         if self.plan.has_accelerator or (self.plan.setup == MODULE and self.plan.cpu_flag is None):
             return None
+        if self.plan.distributed is not None:
+            # a script that set up its own processes reads the rank (`accelerator.process_index`) before
+            # its device, often: the Accelerator goes before the first statement that uses it (ACC001)
+            return None
         if self.shared.device_creation is None:
             found = None
             for stmt in _walk_statements(self.shared.module):
@@ -179,6 +183,8 @@ class RemoveDevice(AccelifyCodemod):
             return None
         if self.plan.setup == MODULE and self.plan.cpu_flag is None:
             return None  # module level: the Accelerator goes after the imports, as in the docs
+        if self.plan.distributed is not None:
+            return None  # see creation_site: ACC001 places it
         self._created = True
         args = self.plan.accelerator_args()
         return self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")

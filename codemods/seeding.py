@@ -101,7 +101,7 @@ class Seeding(AccelifyCodemod):
                 j += 1
             others = {"random.seed", "numpy.random.seed"} <= set(group)
             if "torch.manual_seed" in group and (others or self._quiet_imports):
-                statement = self.parse_statement(f"set_seed({seed[1]})\n")
+                statement = self.parse_statement(f"set_seed({_seed_code(items[i][0], seed[1])})\n")
                 out.append((statement.with_changes(leading_lines=items[i][0].leading_lines), None))
                 for k in range(i, j):
                     remove_imports_of(self.context, items[k][1])
@@ -111,6 +111,14 @@ class Seeding(AccelifyCodemod):
                 out.extend(items[i:j])
             i = j
         return out
+
+
+def _seed_code(current: cst.BaseStatement, original: str) -> str:
+    """The seed as the statement now reads it (another codemod may have rewritten it: a rank the
+    seed is offset by becomes ``accelerator.process_index``)."""
+    if m.matches(current, m.SimpleStatementLine(body=[m.Expr(m.Call(args=[m.Arg(keyword=None)]))])):
+        return cst.Module(body=[]).code_for_node(current.body[0].value.args[0].value)  # type: ignore[attr-defined]
+    return original
 
 
 def _imported_modules(module: cst.Module) -> list[Optional[str]]:

@@ -46,3 +46,27 @@ def test_noop_fixture_is_byte_identical(name: str) -> None:
 
 def test_fixture_sets_are_not_empty() -> None:
     assert len(PAIRS) >= 10 and len(NOOPS) >= 5
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_the_accelerator_exists_before_it_is_used(name: str) -> None:
+    """In each block that creates ``accelerator = Accelerator(...)``, no statement before it reads
+    ``accelerator`` (a NameError when the script runs)."""
+    import ast
+
+    tree = ast.parse((FIXTURES / name / "after.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        creation = next((i for i, stmt in enumerate(body) if isinstance(stmt, ast.Assign)
+                         and any(isinstance(t, ast.Name) and t.id == "accelerator" for t in stmt.targets)
+                         and isinstance(stmt.value, ast.Call) and getattr(stmt.value.func, "id", "") == "Accelerator"),
+                        None)
+        if creation is None:
+            continue
+        for stmt in body[:creation]:
+            if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            reads = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == "accelerator"]
+            assert not reads, f"line {stmt.lineno} reads `accelerator` before line {body[creation].lineno} creates it"
