@@ -68,8 +68,8 @@ FINDINGS: dict[str, str] = {
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
     "from a factory): file left unchanged.",
     "ACC126": "A script that manages its own processes with something accelify does not convert (an `mp.spawn`ed "
-    "worker also called directly, `all_gather`, `broadcast`, process subgroups, FSDP, `no_sync`, a rank with a "
-    "single-process default): the "
+    "worker also called directly, `all_gather`, `broadcast`, process subgroups, FSDP, `require_backward_grad_sync`, "
+    "gradients all-reduced by hand, a rank with a single-process default): the "
     "finding names it; file left unchanged (half a conversion would wrap the model or shard the data twice).",
     "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
     "outside the setup code that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "

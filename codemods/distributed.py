@@ -29,7 +29,8 @@ class Distributed(AccelifyCodemod):
     ``accelerator.is_main_process``, a placement on it goes).  A ``DistributedSampler`` goes,
     its ``shuffle`` moving to the DataLoader (``prepare`` shards the data and sets the epoch);
     ``dist.barrier()`` -> ``accelerator.wait_for_everyone()``, ``dist.all_reduce(t)`` ->
-    ``t = accelerator.reduce(t, reduction="sum")``.  The ``DistributedDataParallel`` wrapper
+    ``t = accelerator.reduce(t, reduction="sum")``, ``model.no_sync()`` ->
+    ``accelerator.no_sync(model)``.  The ``DistributedDataParallel`` wrapper
     is removed by ACC006.  A script with anything else distributed is left unchanged (ACC126).
 
     Before::
@@ -328,7 +329,24 @@ class Distributed(AccelifyCodemod):
             return accelerator_attr(accelerator, attribute)
         if has_qname(self, original_node.func, DATALOADERS):
             return self._loader(original_node, updated_node)
+        func = original_node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "no_sync" and not original_node.args:
+            return self._no_sync(original_node, updated_node)
         return updated_node
+
+    def _no_sync(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        """``model.no_sync()`` -> ``accelerator.no_sync(model)``: the prepared model may be no DDP wrapper
+        (one process), which has no ``no_sync``; Accelerate's works for every launch."""
+        receiver = original.func.value  # type: ignore[attr-defined]
+        accelerator = self.accelerator_at(original)
+        if ref_of(self, receiver) not in self.plan.flow["model"] or accelerator is None:
+            self.refuse(original, "ACC126", f"`{cst.Module(body=[]).code_for_node(original)}` on something accelify "
+                        "does not follow to a prepared model, or where the Accelerator cannot be reached; file not "
+                        "converted.", "use `with accelerator.no_sync(model):` on the prepared model")
+            return updated
+        model = cst.Module(body=[]).code_for_node(updated.func.value)  # type: ignore[attr-defined]
+        self.change(original, f"`{model}.no_sync()` -> `{accelerator}.no_sync({model})`")
+        return cst.parse_expression(f"{accelerator}.no_sync({model})")
 
     def _loader(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``DataLoader(ds, shuffle=False, sampler=DistributedSampler(ds))`` -> ``DataLoader(ds, shuffle=True)``."""

@@ -20,10 +20,11 @@ all of that, so each construct has one fate:
   the DataLoader's drops the last short batch);
 - ``dist.barrier()`` -> ``accelerator.wait_for_everyone()``, ``dist.all_reduce(t, op)`` ->
   ``t = accelerator.reduce(t, reduction=...)``, ``dist.get_rank()``/``get_world_size()`` -> the
-  Accelerator's attributes, ``dist.is_initialized()`` -> ``accelerator.use_distributed``.
+  Accelerator's attributes, ``dist.is_initialized()`` -> ``accelerator.use_distributed``;
+  ``model.no_sync()`` -> ``accelerator.no_sync(model)`` (the same context on the prepared model).
 
-Anything else distributed (``mp.spawn``, ``all_gather``, ``broadcast``, process subgroups, FSDP,
-``no_sync``, a rank spelled another way) refuses the file (ACC126) with a finding that names it:
+Anything else distributed (an ``mp.spawn`` accelify cannot follow, ``all_gather``, ``broadcast``,
+process subgroups, FSDP, ``require_backward_grad_sync``, a rank spelled another way) refuses the file (ACC126) with a finding that names it:
 half a conversion would wrap the model twice or shard the data twice.
 
 Input: the facts (calls, assignments, functions).  Output: ``plan.distributed`` (None for a file
@@ -270,6 +271,9 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             return (read, f"`{code_of(read)}` is read outside the process-group set-up accelify removes",
                     "use `accelerator.process_index` / `local_process_index` / `num_processes`")
     for node in findall(facts.module, m.Attribute(attr=m.Name("no_sync") | m.Name("require_backward_grad_sync"))):
+        parent = facts.get_metadata(ParentNodeProvider, node, None)
+        if node.attr.value == "no_sync" and isinstance(parent, cst.Call) and parent.func is node and not parent.args:  # type: ignore[attr-defined]
+            continue  # `model.no_sync()` -> `accelerator.no_sync(model)` (ACC018)
         return (node, f"`{code_of(node)}` (gradient synchronisation switched by hand) is not converted yet",
                 "use `with accelerator.accumulate(model):` (or `accelerator.no_sync(model)`) by hand")
     helpers = _setup_helpers(facts, dist)
