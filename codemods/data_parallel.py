@@ -10,6 +10,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 
 from accelify.analysis import has_qname, qualified_names, receiver_refs, ref_of
 
+from accelify.analyses.distributed import rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
@@ -150,6 +151,12 @@ class DataParallel(AccelifyCodemod):
         """``model.module if isinstance(model, nn.DataParallel) else model`` (or ``hasattr(model, "module")``):
         once ``.module`` is ``unwrap_model(model)``, the unwrapped branch serves every case."""
         test = original_node.test
+        if rank_attribute(self, test, self.plan) == "use_distributed" and ref_of(self, original_node.orelse) in self.wrapped:
+            # `model.module if distributed else model`: `unwrap_model` serves both runs
+            if "unwrap_model(" in cst.Module(body=[]).code_for_node(updated_node.body):
+                self.change(original_node, "launch test removed: `unwrap_model` works with or without a wrapper")
+                return updated_node.body
+            return updated_node
         if not (isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and len(test.args) == 2):
             return updated_node
         subject = ref_of(self, test.args[0].value)

@@ -234,6 +234,13 @@ class Distributed(AccelifyCodemod):
         return items
 
     # ------------------------------------------------------------------ expressions
+    def leave_BooleanOperation(self, original_node: cst.BooleanOperation,
+                               updated_node: cst.BooleanOperation) -> cst.BaseExpression:
+        """``not distributed or rank == 0`` -> ``accelerator.is_main_process`` (true in one process)."""
+        if not isinstance(original_node.operator, cst.Or) or main_process_test(self, original_node, self.plan) is None:
+            return updated_node
+        return self.leave_Comparison(original_node, updated_node)  # type: ignore[arg-type]
+
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
         test = main_process_test(self, original_node, self.plan)
         if test is None:
@@ -259,8 +266,10 @@ class Distributed(AccelifyCodemod):
         self.change(original_node, f"per-rank device -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
 
-    def _passed_only(self, comparison: cst.Comparison) -> bool:
+    def _passed_only(self, comparison: cst.BaseExpression) -> bool:
         dist = self.plan.distributed
+        if not isinstance(comparison, cst.Comparison):
+            return False
         sides = [comparison.left, comparison.comparisons[0].comparator]
         return dist is not None and any(ref_of(self, s) in dist.passed for s in sides)
 

@@ -25,6 +25,7 @@ from accelify.analysis import (
     under_main_process_check,
 )
 from accelify.early_stop import EarlyStops
+from accelify.analyses.distributed import rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
@@ -158,6 +159,8 @@ class Saving(AccelifyCodemod):
         owner = expr.func.value  # type: ignore[attr-defined]
         if m.matches(owner, m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])):
             owner = owner.args[0].value  # type: ignore[attr-defined]
+        if isinstance(owner, cst.IfExp) and rank_attribute(self, owner.test, self.plan) == "use_distributed":
+            owner = owner.orelse  # `(model.module if distributed else model)`: that model
         wrapper = self.other("ACC006")
         if m.matches(owner, m.Attribute(attr=m.Name("module"))) and wrapper is not None and ref_of(
             self, owner.value) in wrapper.wrapped:  # type: ignore[attr-defined]

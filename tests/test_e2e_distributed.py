@@ -18,7 +18,7 @@ from accelify.pipeline import convert_source
 from e2e import FIXTURES, free_port, run_traced, script_env
 
 #: fixture -> how the original starts its processes
-CASES = {"ddp_torchrun_runnable": "torchrun", "ddp_spawn_runnable": "spawn"}
+CASES = {"ddp_torchrun_runnable": "torchrun", "ddp_spawn_runnable": "spawn", "ddp_single_gpu_path": "torchrun"}
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 
 
@@ -100,3 +100,21 @@ def test_one_process_runs_without_a_launcher(runs):
     assert runs["one"].traces[0]["optimizers"][0]["steps"] == 16  # every batch of both epochs
     if not runs["spawn"]:
         assert runs["one"].traces[0]["saves"][0]["file"] == "model.pt"
+
+
+def test_a_single_process_path_trains_the_same(tmp_path):
+    """``ddp_single_gpu_path`` also runs without a launcher: there the converted script must train
+    exactly as the original's own single-process path (same losses, evaluation, weights)."""
+    name = "ddp_single_gpu_path"
+    source = (FIXTURES / name / "before.py").read_text(encoding="utf-8")
+    converted = convert_source(source, "before.py").output
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "train.py").write_text(source, encoding="utf-8")
+    (tmp_path / "b" / "train.py").write_text(converted, encoding="utf-8")
+    env = script_env(PYTHONHASHSEED="0")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        original, mine = pool.map(lambda d: run_traced(tmp_path / d / "train.py", env, 1), ["a", "b"])
+    assert _EVAL.findall(original.stdout[0]) == _EVAL.findall(mine.stdout[0])
+    assert original.traces[0]["optimizers"] == mine.traces[0]["optimizers"]
+    assert original.traces[0]["loaders"] == mine.traces[0]["loaders"]

@@ -177,8 +177,14 @@ def not_main_process_test(visitor: cst.MetadataDependent, test: cst.BaseExpressi
 
 
 def main_process_test(visitor: cst.MetadataDependent, test: cst.BaseExpression, plan: Plan) -> Optional[str]:
-    """``rank == 0``, ``0 == local_rank``, ``args.local_rank in [-1, 0]``: ``is_main_process`` or
-    ``is_local_main_process``; None when ``test`` is not such a test."""
+    """``rank == 0``, ``0 == local_rank``, ``args.local_rank in [-1, 0]``, ``not distributed or rank
+    == 0``: ``is_main_process`` or ``is_local_main_process``; None when ``test`` is not such a test."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or) and isinstance(
+        test.left, cst.UnaryOperation
+    ) and isinstance(test.left.operator, cst.Not) and rank_attribute(visitor, test.left.expression, plan) == (
+        "use_distributed"
+    ):
+        return main_process_test(visitor, test.right, plan)  # one process without a launcher: the main one
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return None
     target = test.comparisons[0]
@@ -570,6 +576,11 @@ def _sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Opt
         return (arg, f"`{code_of(arg)}` of the DistributedSampler is not one accelify can move to the DataLoader",
                 usage)
     parent = facts.get_metadata(ParentNodeProvider, call, None)
+    if isinstance(parent, cst.IfExp) and parent.body is call and m.matches(parent.orelse, m.Name("None")) and (
+        rank_attribute(facts, parent.test, plan) == "use_distributed"
+    ):
+        # `DistributedSampler(ds) if distributed else None`: the sampler of a launched run, which goes
+        parent = facts.get_metadata(ParentNodeProvider, parent, None)
     loader = _loader_given(facts, call)
     if loader is not None:
         why = _loader_takes(loader, call)
@@ -587,6 +598,8 @@ def _sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Opt
             up = facts.get_metadata(ParentNodeProvider, use, None)
             if isinstance(up, cst.Attribute) and up.attr.value == "set_epoch":
                 continue
+            if _shuffle_unless_sampler(facts, up):
+                continue  # `shuffle=(sampler is None)`: the DataLoader gets the sampler's shuffle instead
             loader = _loader_given(facts, use)
             if loader is None:
                 return use, f"the DistributedSampler `{code_of(use)}` is used for more than the DataLoader", usage
@@ -598,6 +611,15 @@ def _sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Opt
         dist.remove.add(id(facts.get_metadata(ParentNodeProvider, parent)))
         return None
     return call, f"`{code_of(call)}` is not given to a DataLoader accelify can see", usage
+
+
+def _shuffle_unless_sampler(facts: Facts, node: Optional[cst.CSTNode]) -> bool:
+    """``sampler is None`` as the ``shuffle=`` of a DataLoader."""
+    if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+            and isinstance(node.comparisons[0].operator, cst.Is) and m.matches(node.comparisons[0].comparator, m.Name("None"))):
+        return False
+    arg = facts.get_metadata(ParentNodeProvider, node, None)
+    return isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == "shuffle"
 
 
 def _loader_given(facts: Facts, value: cst.CSTNode) -> Optional[cst.Call]:
@@ -614,9 +636,14 @@ def _loader_takes(loader: cst.Call, sampler: cst.Call) -> str:
     own = {a.keyword.value: a.value for a in loader.args if a.keyword is not None}
     if "batch_sampler" in own:
         return "the DataLoader also has a batch sampler"
-    if "shuffle" in own and code_of(own["shuffle"]) not in ("False", "None"):
+    if "shuffle" in own and code_of(own["shuffle"]) not in ("False", "None") and not _is_none_test(own["shuffle"]):
         return "the DataLoader says `shuffle=` too"
     return ""
+
+
+def _is_none_test(value: cst.BaseExpression) -> bool:
+    """``(sampler is None)``: a shuffle that stood in for the sampler of a run without a launcher."""
+    return m.matches(value, m.Comparison(comparisons=[m.ComparisonTarget(m.Is(), m.Name("None"))]))
 
 
 def sampler_shuffle(sampler: cst.Call) -> str:
@@ -688,6 +715,8 @@ def _rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.Ba
             return "process_index"
         if has_qname(facts, value.func, GET_WORLD_SIZE):
             return "num_processes"
+    if _launched_test(facts, value, env_reads):
+        return "use_distributed"
     inner = value
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "int" and len(value.args) == 1:
         inner = value.args[0].value
@@ -706,6 +735,33 @@ def _rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.Ba
             return (f"?`{code_of(value)}` has the default `{code_of(default)}` for a run without a launcher "
                     "(a script with a single-process path too)")
     return ENV_RANKS[key]
+
+
+def _launched_test(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> bool:
+    """``int(os.environ.get("WORLD_SIZE", 1)) > 1``, ``int(os.environ.get("RANK", -1)) != -1``,
+    ``"LOCAL_RANK" in os.environ``: "was this run started by a launcher?", which under Accelerate is
+    ``accelerator.use_distributed`` (in one process the script takes its single-process path, as
+    it did without a launcher)."""
+    if not isinstance(value, cst.Comparison) or len(value.comparisons) != 1:
+        return False
+    target = value.comparisons[0]
+    if isinstance(target.operator, cst.In) and has_qname(facts, target.comparator, frozenset({"os.environ"})):
+        return string_value(value.left) in ENV_RANKS  # type: ignore[arg-type]
+    left = value.left
+    if not (isinstance(left, cst.Call) and m.matches(left.func, m.Name("int")) and len(left.args) == 1):
+        return False
+    read = left.args[0].value
+    if not any(read is r for r in env_reads) or not isinstance(read, cst.Call) or len(read.args) != 2:
+        return False  # `os.environ.get(KEY, default)`: without a launcher, the default
+    key, default = _env_key(facts, read), code_of(read.args[1].value).strip("'\"")
+    operator, bound = target.operator, code_of(target.comparator)
+    if key == "WORLD_SIZE":
+        return default == "1" and ((isinstance(operator, cst.GreaterThan) and bound == "1")
+                                   or (isinstance(operator, cst.NotEqual) and bound == "1"))
+    if key in ("RANK", "LOCAL_RANK"):
+        return default == "-1" and ((isinstance(operator, cst.NotEqual) and bound == "-1")
+                                    or (isinstance(operator, cst.GreaterThanEqual) and bound == "0"))
+    return False
 
 
 def _setup_helpers(facts: Facts, dist: Distributed) -> set[str]:
