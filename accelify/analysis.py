@@ -594,17 +594,52 @@ def under_main_process_check(visitor: cst.MetadataDependent, node: cst.CSTNode) 
 
 
 def _rank_zero_test(visitor: cst.MetadataDependent, test: cst.BaseExpression) -> bool:
-    """``rank == 0``, alone or as a term of an ``and``, for a rank of ``plan.distributed``."""
+    """``rank == 0`` (a rank of ``plan.distributed``) or a main-process flag, alone or as a term of an ``and``."""
+    while isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        if _rank_zero_test(visitor, test.right):
+            return True
+        test = test.left
+    if isinstance(test, cst.Name) and _converted_main_flag(visitor, test):
+        return True
     plan = getattr(visitor, "plan", None)
     if plan is None or getattr(plan, "distributed", None) is None:
         return False
     from accelify.analyses.distributed import main_process_test
 
-    while isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        if _rank_zero_test(visitor, test.right):
-            return True
-        test = test.left
     return main_process_test(visitor, test, plan) is not None
+
+
+def _converted_main_flag(visitor: cst.MetadataDependent, name: cst.Name) -> bool:
+    """``master_process`` of converted code: ``= accelerator.is_main_process`` under ``if
+    accelerator.use_distributed:`` and ``= True`` in its ``else:`` (what ACC018 makes of nanoGPT's flag)."""
+    from libcst.metadata import ParentNodeProvider
+
+    scope = visitor.get_metadata(ScopeProvider, name, None)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if len(assignments) < 2:
+        return False
+    for assignment in assignments:
+        node = getattr(assignment, "node", None)
+        target = visitor.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+        assign = visitor.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+        if not isinstance(assign, cst.Assign):
+            return False
+        main = m.matches(assign.value, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process")))
+        if not main and not m.matches(assign.value, m.Name("True")):
+            return False
+        branch: Optional[cst.CSTNode] = assign
+        while branch is not None and not isinstance(branch, (cst.If, cst.Else, cst.FunctionDef, cst.Module)):
+            branch = visitor.get_metadata(ParentNodeProvider, branch, None)
+        if isinstance(branch, cst.Else):
+            branch_if = visitor.get_metadata(ParentNodeProvider, branch, None)
+            in_else = True
+        else:
+            branch_if, in_else = branch, False
+        if not (isinstance(branch_if, cst.If) and m.matches(branch_if.test, m.Attribute(attr=m.Name("use_distributed")))):
+            return False
+        if main == in_else:
+            return False
+    return True
 
 
 def scope_root(module: cst.Module, key: str) -> Union[cst.Module, cst.FunctionDef, None]:

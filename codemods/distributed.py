@@ -233,6 +233,19 @@ class Distributed(AccelifyCodemod):
             origins = [id(origin) if origin is not None else None for _, origin in items]
         return items
 
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        """``ddp_world_size = int(os.environ["WORLD_SIZE"])`` in the launched branch: the Accelerator's."""
+        dist = self.plan.distributed
+        if dist is None or id(original_node) not in dist.kept_assigns:
+            return updated_node
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
+        attribute = dist.kept_assigns[id(original_node)]
+        remove_imports_of(self.context, original_node.value)
+        self.change(original_node, f"rank from the launcher -> `{accelerator}.{attribute}`")
+        return updated_node.with_changes(value=accelerator_attr(accelerator, attribute))
+
     # ------------------------------------------------------------------ expressions
     def leave_BooleanOperation(self, original_node: cst.BooleanOperation,
                                updated_node: cst.BooleanOperation) -> cst.BaseExpression:
@@ -366,6 +379,8 @@ class Distributed(AccelifyCodemod):
         if index is None:
             return updated
         value = original.args[index].value
+        if isinstance(value, cst.IfExp):  # `DistributedSampler(ds) if distributed else None`
+            value = value.body
         if isinstance(value, cst.Call):
             shuffle = sampler_shuffle(value)
         else:

@@ -39,6 +39,14 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
             continue
         name = ref[1]
         why = "is assigned more than once"
+        if len(assigns) >= 2 and plan.distributed is not None and len(kinds) == len(assigns) and all(
+            k is not None and k.kind == "auto" for k in kinds
+        ):
+            # `device = "cuda"`, then `device = f"cuda:{local_rank}"` once launched: each process's own
+            plan.devices.add(name)
+            if all(_is_string(a.value) for a in assigns):
+                plan.string_devices.add(name)
+            continue
         if len(assigns) >= 2:
             why = _if_else_device(facts, plan, name, assigns) or ""
             if not why:

@@ -117,6 +117,14 @@ class Distributed:
     sampler_names: dict[Ref, str] = field(default_factory=dict)
     #: ids of all-reduce statements that go because the counts they add up are gathered (ACC011)
     gathered: set[int] = field(default_factory=set)
+    #: names given a rank in a script's launched branch and their one-process value in the other
+    #: (``ddp_world_size = int(os.environ["WORLD_SIZE"])`` / ``ddp_world_size = 1``): kept, the
+    #: first assignment's value becomes the Accelerator's (ids of those assignments -> attribute)
+    kept: dict[Ref, str] = field(default_factory=dict)
+    kept_assigns: dict[int, str] = field(default_factory=dict)
+    #: flags true on the main process only (``master_process = ddp_rank == 0`` / ``= True`` in the
+    #: single-process branch): tests on them are main-process checks
+    main_flags: dict[Ref, str] = field(default_factory=dict)
     #: parameters and ``self`` attributes handed a rank at every call site (``Trainer(..., rank)``'s
     #: ``gpu_id``): left as they are (they hold the Accelerator's value), but placements on them go
     passed: dict[Ref, str] = field(default_factory=dict)
@@ -143,6 +151,8 @@ def rank_attribute(visitor: cst.MetadataDependent, expr: cst.BaseExpression, pla
             return plan.distributed.ranks[ref]
         if ref is not None and ref in plan.distributed.passed:
             return plan.distributed.passed[ref]
+        if ref is not None and ref in plan.distributed.kept:
+            return plan.distributed.kept[ref]
         if is_arg_rank(visitor, expr, plan.distributed):
             return "local_process_index"
     if isinstance(expr, cst.Call) and not expr.args:
@@ -185,6 +195,8 @@ def main_process_test(visitor: cst.MetadataDependent, test: cst.BaseExpression, 
         "use_distributed"
     ):
         return main_process_test(visitor, test.right, plan)  # one process without a launcher: the main one
+    if isinstance(test, (cst.Name, cst.Attribute)) and plan.distributed is not None:
+        return plan.distributed.main_flags.get(ref_of(visitor, test))  # type: ignore[arg-type]
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return None
     target = test.comparisons[0]
@@ -244,8 +256,14 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         if not kinds or kinds == {None}:
             continue
         if len(kinds) != 1 or len(assigns) != 1 or None in kinds:
-            return (assigns[0], f"`{ref[1]}` holds a rank but is bound more than once, or to other values too",
-                    "read the rank once, or use `accelerator.process_index` by hand")
+            kept = _kept_rank(facts, ref, assigns, env_reads)
+            if kept is None:
+                return (assigns[0], f"`{ref[1]}` holds a rank but is bound more than once, or to other values too",
+                        "read the rank once, or use `accelerator.process_index` by hand")
+            dist.kept[ref] = kept[0]
+            dist.kept_assigns[id(kept[1])] = kept[0]
+            handled.update(id(c) for c in findall(kept[1].value, m.Call()))
+            continue
         kind = kinds.pop()
         if kind.startswith("?"):
             return (assigns[0], kind[1:], "a script with a single-process path too is not converted yet: keep the "
@@ -273,7 +291,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
                 dist.remove.add(id(line))
                 continue
-        if not inside(facts, read, dist.remove) and not inside(facts, read, dist.rank_assigns):
+        if not inside(facts, read, dist.remove) and not inside(facts, read, dist.rank_assigns | set(dist.kept_assigns)):
             return (read, f"`{code_of(read)}` is read outside the process-group set-up accelify removes",
                     "use `accelerator.process_index` / `local_process_index` / `num_processes`")
     for node in findall(facts.module, m.Attribute(attr=m.Name("no_sync") | m.Name("require_backward_grad_sync"))):
@@ -285,8 +303,73 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
     _propagate(facts, dist)
+    _main_flags(facts, plan, dist)
     _first_pairs(facts, plan, dist)
     return None
+
+
+#: what each rank attribute is in a single process
+ONE_PROCESS = {"process_index": "0", "local_process_index": "0", "num_processes": "1"}
+
+
+def _launch_branches(facts: Facts, node: cst.CSTNode) -> Optional[tuple[cst.If, bool]]:
+    """The ``if <launch test>:`` around ``node``, and whether ``node`` is in its launched branch."""
+    child: cst.CSTNode = node
+    parent = facts.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, cst.If) and child in (parent.body, parent.orelse) and _is_launch_test(facts, parent.test):
+            return parent, child is parent.body
+        child, parent = parent, facts.get_metadata(ParentNodeProvider, parent, None)
+    return None
+
+
+def _is_launch_test(facts: Facts, test: cst.BaseExpression) -> bool:
+    """``if ddp:`` with ``ddp`` a launch test (or the test itself)."""
+    env_reads = _env_rank_reads(facts)
+    if _launched_test(facts, test, env_reads):
+        return True
+    values = facts.bound_values(test)
+    return len(values) == 1 and _launched_test(facts, values[0], env_reads)
+
+
+def _kept_rank(facts: Facts, ref: Ref, assigns: list[cst.Assign],
+               env_reads: list[cst.BaseExpression]) -> Optional[tuple[str, cst.Assign]]:
+    """``ddp_world_size = int(os.environ["WORLD_SIZE"])`` in the launched branch and ``ddp_world_size = 1``
+    in the other: (attribute, the launched assignment); None when it is not that shape."""
+    sources = [(a, k) for a in assigns if (k := _rank_source(facts, a.value, env_reads)) is not None]
+    if len(sources) != 1 or sources[0][1].startswith("?") or sources[0][1] not in ONE_PROCESS:
+        return None
+    source, kind = sources[0]
+    where = _launch_branches(facts, source)
+    if where is None or not where[1]:
+        return None
+    for other in assigns:
+        if other is source:
+            continue
+        if facts.single_target(other) != ref or code_of(other.value) != ONE_PROCESS[kind]:
+            return None
+        branch = _launch_branches(facts, other)
+        if branch is None or branch[0] is not where[0] or branch[1]:
+            return None
+    return kind, source
+
+
+def _main_flags(facts: Facts, plan: Plan, dist: Distributed) -> None:
+    """``master_process = ddp_rank == 0`` in the launched branch, ``master_process = True`` in the other."""
+    for ref, assigns in facts.assigns.items():
+        tests = [main_process_test(facts, a.value, plan) for a in assigns]
+        found = [t for t in tests if t is not None]
+        if len(set(found)) != 1 or any(facts.single_target(a) != ref for a in assigns):
+            continue
+        ok = True
+        for assign, test in zip(assigns, tests):
+            branch = _launch_branches(facts, assign)
+            if test is not None:
+                ok &= branch is not None and branch[1]
+            else:
+                ok &= code_of(assign.value) == "True" and branch is not None and not branch[1]
+        if ok:
+            dist.main_flags[ref] = found[0]
 
 
 def _arg_ranks(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
@@ -580,8 +663,12 @@ def _sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Opt
         rank_attribute(facts, parent.test, plan) == "use_distributed"
     ):
         # `DistributedSampler(ds) if distributed else None`: the sampler of a launched run, which goes
+        dist.samplers.add(id(parent))
+        holder: cst.CSTNode = parent
         parent = facts.get_metadata(ParentNodeProvider, parent, None)
-    loader = _loader_given(facts, call)
+    else:
+        holder = call
+    loader = _loader_given(facts, holder)
     if loader is not None:
         why = _loader_takes(loader, call)
         if why:
