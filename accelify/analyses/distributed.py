@@ -298,6 +298,10 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         parent = facts.get_metadata(ParentNodeProvider, node, None)
         if node.attr.value == "no_sync" and isinstance(parent, cst.Call) and parent.func is node and not parent.args:  # type: ignore[attr-defined]
             continue  # `model.no_sync()` -> `accelerator.no_sync(model)` (ACC018)
+        if node.attr.value == "require_backward_grad_sync" and isinstance(parent, cst.AssignTarget) and (
+            _launch_branches(facts, node) or (None, False)
+        )[1]:
+            continue  # nanoGPT's `if ddp: model.require_backward_grad_sync = ...`: the prepared DDP wrapper's
         return (node, f"`{code_of(node)}` (gradient synchronisation switched by hand) is not converted yet",
                 "use `with accelerator.accumulate(model):` (or `accelerator.no_sync(model)`) by hand")
     helpers = _setup_helpers(facts, dist)
