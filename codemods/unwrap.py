@@ -34,8 +34,7 @@ def model_attribute(visitor: cst.MetadataDependent, node: cst.Attribute, plan: P
     """``model.decode``, ``model.config``: an attribute of a prepared model that ``nn.Module`` does not have."""
     return (
         node.attr.value not in MODULE_API  # `module` included: the DataParallel wrapper's (ACC006)
-        and not (node.attr.value in ("no_sync", "require_backward_grad_sync")
-                 and plan.distributed is not None)  # the DDP wrapper's own (ACC018)
+        and node.attr.value not in ("no_sync", "require_backward_grad_sync")  # the DDP wrapper's own (ACC018)
         and ref_of(visitor, node.value) in plan.flow["model"]
     )
 
