@@ -367,6 +367,31 @@ MUTANTS = [
         "    return redirected\n",
         "    return optimizers\n",
     ),
+    Mutant(
+        "launch-test-unknown", "a script with a single-process path too refused again",
+        "accelify/analyses/distributed.py",
+        "    if _launched_test(facts, value, env_reads):\n        return \"use_distributed\"\n",
+        "",
+        tests=tuple(E2E_DIST),
+    ),
+    Mutant(
+        "main-flag-unknown", "a save under `if master_process:` gets a barrier inside: a hang",
+        "accelify/analysis.py",
+        "    if isinstance(test, cst.Name) and _converted_main_flag(visitor, test):\n        return True\n",
+        "",
+    ),
+    Mutant(
+        "rank-zero-first-kept", "the barrier pair left as it is instead of main_process_first()",
+        "accelify/analyses/distributed.py",
+        "                        dist.first.append((id(stmt), id(body[j])))\n",
+        "                        pass\n",
+    ),
+    Mutant(
+        "no-sync-on-plain-model", "model.no_sync() kept: AttributeError in one process",
+        "codemods/distributed.py",
+        "            return self._no_sync(original_node, updated_node)\n",
+        "            return updated_node\n",
+    ),
 ]
 
 
