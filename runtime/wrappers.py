@@ -107,7 +107,7 @@ class DeviceLoader:
             batch_sampler.set_epoch(epoch)
         if hasattr(getattr(batch_sampler, "sampler", None), "set_epoch"):
             batch_sampler.sampler.set_epoch(epoch)
-        elif hasattr(self.dataset, "set_epoch"):
+        elif hasattr(getattr(self.base_dataloader, "dataset", None), "set_epoch"):
             self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
