@@ -31,7 +31,9 @@ DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.datalo
 TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
 TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
 TORCH_DEVICE = frozenset({"torch.device"})
-ACCELERATOR_CLASS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
+ACCELERATOR_CLASS = frozenset(
+    {"accelerate.Accelerator", "accelerate.accelerator.Accelerator", "accelify.runtime.Accelerator"}
+)
 AVAILABILITY_CHECKS = frozenset(
     {
         "torch.cuda.is_available",

@@ -73,9 +73,13 @@ def convert(
     jobs: Optional[int] = typer.Option(
         None, "--jobs", "-j", min=1, help="Files converted at once, in worker processes (default: the number of CPUs; 1: no workers)."
     ),
+    target: str = typer.Option(
+        "accelerate", "--target",
+        help="Where added imports come from: accelerate, or runtime (accelify.runtime: runs without accelerate installed).",
+    ),
 ) -> None:
     """Convert training scripts; by default print a unified diff and write nothing."""
-    from accelify.result import Options
+    from accelify.result import TARGETS, Options
     from accelify.runner import convert_all
 
     if in_place and output is not None:
@@ -86,6 +90,8 @@ def convert(
         _usage("standard input cannot be converted in place; use -o or the default diff.")
     if output_format not in ("text", "json", "github"):
         _usage(f"--format must be text, json or github, not {output_format!r}.")
+    if target not in TARGETS:
+        _usage(f"--target must be accelerate or runtime, not {target!r}.")
     codemods, finding_codes = _selection(select, ignore)
     files = list(iter_python_files(paths))
     if output is not None and len(files) != 1:
@@ -97,7 +103,7 @@ def convert(
     if show_diff and output_format == "json":
         _usage("--diff with --format json: the diffs are in the JSON already.")
     use_color = color if color is not None else sys.stdout.isatty()
-    options = Options(line_length=line_length, select=codemods, findings=finding_codes)
+    options = Options(line_length=line_length, select=codemods, findings=finding_codes, target=target)
     if jobs is None:
         jobs = os.cpu_count() or 1
 

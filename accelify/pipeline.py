@@ -27,7 +27,7 @@ from accelify.plan import analyze
 from accelify.codemods import gather_codemods
 from accelify.precheck import cpython_error, may_train, skipped, syntax_error
 from accelify.report import Change, Finding
-from accelify.result import Options, Result, brief
+from accelify.result import TARGETS, Options, Result, brief
 
 
 def _gather_once_per_class() -> None:
@@ -64,6 +64,8 @@ _gather_once_per_class()
 
 def convert_source(source: str, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
     options = options or Options()
+    if options.target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {options.target!r}")
     if not may_train(source) or skipped(source):
         # nothing to train: only the syntax is checked (CPython's parser, no LibCST tree)
         return Result(path, source, source, error=syntax_error(source, path))
@@ -90,6 +92,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     wrapper = resolve(module)  # metadata once, on the tree as written
     context = CodemodContext(filename=path, full_module_name=None, full_package_name=None, wrapper=wrapper)
     context.scratch["accelify.line_length"] = options.line_length
+    context.scratch["accelify.target"] = options.target
     plan = analyze(wrapper)
     if not _report_only(options):
         plan.restrict(options.select)

@@ -16,6 +16,14 @@ class Options:
     select: Optional[frozenset[str]] = None
     #: Report only the findings with these codes (``None``: all of them).
     findings: Optional[frozenset[str]] = None
+    #: Where the imports accelify adds come from: ``"accelerate"`` (``from accelerate import
+    #: Accelerator``) or ``"runtime"`` (``from accelify.runtime import Accelerator``, which runs
+    #: where accelerate is not installed).
+    target: str = "accelerate"
+
+
+#: ``Options.target`` values.
+TARGETS = ("accelerate", "runtime")
 
 
 @dataclass

@@ -8,7 +8,6 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.walk import findall
-from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import Body as Block
 from accelify.analysis import binds, code_of, read_names, scope_root, setup_blocks
@@ -16,7 +15,7 @@ from accelify.plan import Plan
 
 from accelify.composite import replace_in
 
-from .base import AccelifyCodemod, insert_paragraph
+from .base import AccelifyCodemod, add_target_import, insert_paragraph
 
 _IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
 
@@ -113,9 +112,9 @@ class AddAccelerator(AccelifyCodemod):
         return replace_in(module, block, block.with_changes(body=body))
 
     def _import(self) -> None:
-        AddImportsVisitor.add_needed_import(self.context, "accelerate", "Accelerator")
+        add_target_import(self.context, "Accelerator")
         if self.plan.distributed is not None and self.plan.distributed.ddp_kwargs:
-            AddImportsVisitor.add_needed_import(self.context, "accelerate", "DistributedDataParallelKwargs")
+            add_target_import(self.context, "DistributedDataParallelKwargs")
 
     def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
         """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""

@@ -8,6 +8,7 @@ from typing import ClassVar, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from accelify.analysis import RawFinding, inside, key_at, locate_setup, rebound_region, scope_key, scope_root, trainer_functions
@@ -16,6 +17,24 @@ from accelify.plan import Plan
 from accelify.report import Change
 
 Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
+
+#: The module each name accelify imports comes from, per ``Options.target``: accelerate's own
+#: modules, or ``accelify.runtime`` (which is accelerate's object when it is installed).
+TARGET_MODULES = {
+    "accelerate": {
+        "Accelerator": "accelerate",
+        "DistributedDataParallelKwargs": "accelerate",
+        "set_seed": "accelerate.utils",
+    },
+    "runtime": dict.fromkeys(("Accelerator", "DistributedDataParallelKwargs", "set_seed"), "accelify.runtime"),
+}
+
+
+def add_target_import(context: CodemodContext, name: str) -> None:
+    """Have ``from <module> import <name>`` added to the converted file. Input: the context (its
+    scratch holds the target of the run, ``Options.target``) and one of ``TARGET_MODULES``' names."""
+    target = context.scratch.get("accelify.target", "accelerate")
+    AddImportsVisitor.add_needed_import(context, TARGET_MODULES[target][name], name)
 
 
 def merge_leading_lines(first: Sequence[cst.EmptyLine], second: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:

@@ -8,22 +8,23 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.walk import findall
-from libcst.codemod.visitors import AddImportsVisitor
 
 from accelify.analysis import qualified_names
 from accelify.plan import Plan
 
 from accelify.composite import Item, remove_imports_of
 
-from .base import AccelifyCodemod
+from .base import AccelifyCodemod, add_target_import
 
+#: ``set_seed`` as accelify imports it (accelerate's, or accelify.runtime's for ``--target runtime``).
+_SET_SEED = frozenset({"accelerate.utils.set_seed", "accelify.runtime.set_seed"})
 _SEEDS = frozenset(
     {"torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "random.seed", "numpy.random.seed"}
 )
 # Modules known not to draw from Python's or NumPy's global generators: with only these
 # imported, also seeding `random` and `numpy` (as set_seed does) changes nothing.
 _NO_GLOBAL_RNG = frozenset(
-    {"__future__", "accelerate", "argparse", "collections", "copy", "dataclasses", "functools", "itertools",
+    {"__future__", "accelerate", "accelify", "argparse", "collections", "copy", "dataclasses", "functools", "itertools",
      "json", "logging", "math", "os", "pathlib", "sys", "time", "torch", "tqdm", "typing", "warnings"}
 )
 
@@ -66,8 +67,7 @@ class Seeding(AccelifyCodemod):
         )
         # The script's own `set_seed` (a helper, another library's) would shadow the import.
         self._name_taken = any(
-            "accelerate.utils.set_seed" not in qualified_names(self, name)
-            for name in findall(node, m.Name("set_seed"))
+            not qualified_names(self, name) & _SET_SEED for name in findall(node, m.Name("set_seed"))
         )
 
     def _seed(self, stmt: cst.BaseStatement) -> Optional[tuple[str, str]]:
@@ -105,7 +105,7 @@ class Seeding(AccelifyCodemod):
                 out.append((statement.with_changes(leading_lines=items[i][0].leading_lines), None))
                 for k in range(i, j):
                     remove_imports_of(self.context, items[k][1])
-                AddImportsVisitor.add_needed_import(self.context, "accelerate.utils", "set_seed")
+                add_target_import(self.context, "set_seed")
                 self.change(items[i][1], "seeding -> `set_seed` (Python, NumPy, torch, every device)")
             else:
                 out.extend(items[i:j])

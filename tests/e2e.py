@@ -59,6 +59,19 @@ def script_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def without_accelerate(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """``env`` for a subprocess in which ``import accelerate`` (and ``accelerate.utils``) raises
+    ModuleNotFoundError, as where it is not installed: ``folder`` gets an ``accelerate.py`` that
+    raises it and goes first on PYTHONPATH, before site-packages."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "accelerate.py").write_text(
+        'raise ModuleNotFoundError("No module named \'accelerate\' (blocked by the test)", name="accelerate")\n',
+        encoding="utf-8",
+    )
+    path = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path}
+
+
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = SUBPROCESS_TIMEOUT) -> subprocess.CompletedProcess:
     # Own session so a timeout kills the whole tree (torchrun + its workers).
     proc = subprocess.Popen(

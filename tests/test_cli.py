@@ -316,6 +316,18 @@ def test_line_length_shapes_inserted_code(project: Path) -> None:
     assert run("convert", "--line-length", "5", "train.py", cwd=project).returncode == 2
 
 
+def test_target_runtime_imports_from_accelify_runtime(project: Path) -> None:
+    """`--target runtime`: the same conversion, its import from accelify.runtime; anything else
+    than accelerate/runtime is a usage error."""
+    default = run("convert", "-o", "-", "train.py", cwd=project).stdout.decode()
+    runtime = run("convert", "--target", "runtime", "-o", "-", "train.py", cwd=project).stdout.decode()
+    assert default == CONVERTED
+    assert runtime == CONVERTED.replace("from accelerate import Accelerator", "from accelify.runtime import Accelerator")
+    assert run("convert", "--target", "runtime", "--check", "-", cwd=project, stdin=runtime.encode()).returncode == 0
+    bad = run("convert", "--target", "jax", "train.py", cwd=project)
+    assert bad.returncode == 2 and b"--target" in bad.stderr
+
+
 def _on_a_terminal(*args: str, cwd: Path) -> bytes:
     """stdout of the CLI when stdout is a terminal (a pseudo-terminal)."""
     import pty

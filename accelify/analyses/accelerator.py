@@ -62,7 +62,7 @@ def spelling(facts: Facts, plan: Plan) -> bool:
                     "rename it, then run accelify again.",
                 )
     if not plan.has_accelerator:
-        other = _bound_otherwise(facts, "Accelerator", None, allowed="accelerate")
+        other = _bound_otherwise(facts, "Accelerator", None, allowed=("accelerate", "accelify.runtime"))
         if other is not None:  # `from mylib import Accelerator`: it would win over (or lose to) accelerate's
             facts.finding(
                 plan, other, "ACC100",
@@ -75,10 +75,10 @@ def spelling(facts: Facts, plan: Plan) -> bool:
 
 
 def _bound_otherwise(
-    facts: Facts, name: str, setup: Optional[cst.FunctionDef], allowed: str = ""
+    facts: Facts, name: str, setup: Optional[cst.FunctionDef], allowed: tuple[str, ...] = ()
 ) -> Optional[cst.CSTNode]:
     """A definition or import binding ``name`` where the setup scope sees it (that scope or the module),
-    other than an import from the module ``allowed``."""
+    other than an import from a module ``allowed`` (a package, or a module of it)."""
     scopes = [facts.get_metadata(ScopeProvider, facts.module, None)]
     if setup is not None and isinstance(setup.body, cst.IndentedBlock) and setup.body.body:
         scopes.append(facts.get_metadata(ScopeProvider, setup.body.body[0], None))
@@ -87,9 +87,9 @@ def _bound_otherwise(
             continue
         for assignment in scope.assignments[name]:
             node = getattr(assignment, "node", None)
-            if isinstance(node, cst.ImportFrom) and allowed and node.module is not None and (
-                get_full_name_for_node(node.module) or ""
-            ).split(".")[0] == allowed:
+            source = (get_full_name_for_node(node.module) or "") if isinstance(node, cst.ImportFrom) and \
+                node.module is not None and not node.relative else ""
+            if source and any(source == a or source.startswith(a + ".") for a in allowed):
                 continue
             if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Import, cst.ImportFrom)):
                 return node
