@@ -15,7 +15,7 @@ from accelify.plan import Plan
 
 from accelify.composite import replace_in
 
-from .base import AccelifyCodemod, add_target_import, insert_paragraph
+from .base import AccelifyCodemod, add_target_import, depth_of, insert_paragraph, wrapped_call
 
 _IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
 
@@ -105,7 +105,10 @@ class AddAccelerator(AccelifyCodemod):
         anchor = block.body[min(index, len(block.body) - 1)]
         self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
         args = self.plan.accelerator_args()
-        statement = self.parse_statement(f"{self.plan.accelerator} = Accelerator({args})\n")
+        line_length = self.context.scratch.get("accelify.line_length", 88)
+        code = wrapped_call(f"{self.plan.accelerator} = Accelerator", args, depth_of(module, block), line_length,
+                            module.default_indent)
+        statement = self.parse_statement(code + "\n")
         body = insert_paragraph(block.body, index, statement)
         if block is module:
             return module.with_changes(body=body)

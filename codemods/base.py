@@ -318,6 +318,32 @@ def _side_effect_free(expr: cst.BaseExpression) -> bool:
     return False
 
 
+def depth_of(module: cst.Module, target: Block) -> str:
+    """The indentation of the statements of ``target``, a block of ``module``."""
+    from accelify.analysis import child_blocks
+
+    def walk(block: Block, indent: str) -> Optional[str]:
+        if block is target:
+            return indent
+        for stmt in block.body:
+            for child in child_blocks(stmt):
+                child_indent = indent + (child.indent if child.indent is not None else module.default_indent)
+                found = walk(child, child_indent)
+                if found is not None:
+                    return found
+        return None
+
+    return walk(module, "") or ""
+
+
+def wrapped_call(head: str, arguments: str, depth: str, line_length: int, indent: str) -> str:
+    """``head(arguments)`` on one line when it fits at ``depth``, else black's three lines."""
+    one_line = f"{head}({arguments})"
+    if len(depth) + len(one_line) <= line_length or not arguments:
+        return one_line
+    return f"{head}(\n{indent}{arguments}\n)"
+
+
 def insert_paragraph(body: Sequence[cst.BaseStatement], index: int, stmt: Statement) -> list[cst.BaseStatement]:
     """Insert ``stmt`` at ``index`` as a paragraph of its own: a blank line before and after it.
 

@@ -7,12 +7,12 @@ from typing import Optional, Sequence, Union
 import libcst as cst
 
 from accelify.analysis import Body as Block
-from accelify.analysis import binds, child_blocks, locate_setup, scope_root, trainer_functions
+from accelify.analysis import binds, locate_setup, scope_root, trainer_functions
 from accelify.plan import Plan
 
 from accelify.composite import Item
 
-from .base import AccelifyCodemod, insert_paragraph
+from .base import AccelifyCodemod, depth_of, insert_paragraph
 
 DEFAULT_LINE_LENGTH = 88
 
@@ -88,23 +88,7 @@ class Prepare(AccelifyCodemod):
         # A per-step scheduler built before that point is prepared too; one built after is not.
         self._names += [s for s in self.plan.schedulers if any(binds(stmt, {s}) for stmt in block.body[:index])]
         self.prepared = list(self._names)  # what ACC013 and ACC015 read
-        self._target, self._index, self._depth = block, index, self._depth_of(node, block)
-
-    def _depth_of(self, module: cst.Module, target: Block) -> str:
-        """The indentation of statements in ``target``."""
-
-        def walk(block: Block, indent: str) -> Optional[str]:
-            if block is target:
-                return indent
-            for stmt in block.body:
-                for child in child_blocks(stmt):
-                    child_indent = indent + (child.indent if child.indent is not None else module.default_indent)
-                    found = walk(child, child_indent)
-                    if found is not None:
-                        return found
-            return None
-
-        return walk(module, "") or ""
+        self._target, self._index, self._depth = block, index, depth_of(node, block)
 
     def _statement(self) -> cst.BaseStatement:
         names = ", ".join(self._names)

@@ -17,8 +17,14 @@ import pytest
 from accelify.pipeline import convert_source
 from e2e import FIXTURES, free_port, run_traced, script_env
 
-#: fixture -> how the original starts its processes
-CASES = {"ddp_torchrun_runnable": "torchrun", "ddp_spawn_runnable": "spawn", "ddp_single_gpu_path": "torchrun"}
+#: fixture -> how the original starts its processes, and the optimizer steps of each of two processes
+#: and of one (64 training samples, 8 a batch, 2 epochs; the no_sync fixture steps every 2 batches)
+CASES = {
+    "ddp_torchrun_runnable": ("torchrun", 8, 16),
+    "ddp_spawn_runnable": ("spawn", 8, 16),
+    "ddp_single_gpu_path": ("torchrun", 8, 16),
+    "ddp_kwargs_no_sync_runnable": ("torchrun", 4, 8),
+}
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 
 
@@ -34,7 +40,7 @@ def runs(request, tmp_path_factory):
         scripts[name] = workdir / name / "train.py"
         scripts[name].write_text(text, encoding="utf-8")
     env = script_env(PYTHONHASHSEED="0", SPAWN_PORT=str(free_port()))
-    spawn = CASES[request.param] == "spawn"  # the original starts its two workers itself
+    spawn = CASES[request.param][0] == "spawn"  # the original starts its two workers itself
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = {
             "original": pool.submit(run_traced, scripts["original"], env, 1 if spawn else 2),
@@ -43,6 +49,7 @@ def runs(request, tmp_path_factory):
         out = {name: job.result() for name, job in jobs.items()}
     out["one"] = run_traced(scripts["one"], env, 1)
     out["spawn"] = spawn
+    out["steps"] = CASES[request.param][1:]
     return out
 
 
@@ -76,7 +83,7 @@ def test_two_processes_train_one_model_on_their_own_shards(runs):
     rank0, rank1 = runs["two"].traces
     assert rank0["optimizers"] and len(rank0["optimizers"]) == len(rank1["optimizers"])
     for mine, theirs in zip(rank0["optimizers"], rank1["optimizers"]):
-        assert mine["steps"] == theirs["steps"] == 8  # 64 samples, 8 a batch, half each, 2 epochs
+        assert mine["steps"] == theirs["steps"] == runs["steps"][0]
         assert mine["checksum"] == theirs["checksum"], "the ranks ended with different weights"
     train0, train1 = rank0["loaders"][0]["epochs"][0], rank1["loaders"][0]["epochs"][0]
     drawn0, drawn1 = {i for b in train0 for i in b}, {i for b in train1 for i in b}
@@ -85,7 +92,7 @@ def test_two_processes_train_one_model_on_their_own_shards(runs):
 
 def test_the_checkpoint_is_written_once_with_plain_keys(runs):
     rank0, rank1 = runs["two"].traces
-    if runs["spawn"]:  # the spawn fixture saves nothing, and neither does its conversion
+    if not runs["original"].traces[0]["saves"]:  # it saves nothing (a spawned original: not in its parent)
         assert rank0["saves"] == rank1["saves"] == []
         return
     assert [s["file"] for s in rank0["saves"]] == ["model.pt"] and rank1["saves"] == []
@@ -97,8 +104,8 @@ def test_the_checkpoint_is_written_once_with_plain_keys(runs):
 def test_one_process_runs_without_a_launcher(runs):
     out = runs["one"].stdout[0]
     assert _EVAL.findall(out).count("eval_samples 70") == 2, out
-    assert runs["one"].traces[0]["optimizers"][0]["steps"] == 16  # every batch of both epochs
-    if not runs["spawn"]:
+    assert runs["one"].traces[0]["optimizers"][0]["steps"] == runs["steps"][1]  # every batch of both epochs
+    if runs["original"].traces[0]["saves"]:
         assert runs["one"].traces[0]["saves"][0]["file"] == "model.pt"
 
 
