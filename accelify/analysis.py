@@ -184,7 +184,7 @@ def per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression)
     plan = getattr(visitor, "plan", None)
     if plan is None or getattr(plan, "distributed", None) is None:
         return False
-    from accelify.analyses.distributed import MAIN_TESTS, rank_attribute
+    from accelify.analyses.ranks import MAIN_TESTS, rank_attribute
 
     def rank(e: cst.BaseExpression) -> bool:
         return rank_attribute(visitor, e, plan) in MAIN_TESTS
@@ -606,7 +606,7 @@ def _rank_zero_test(visitor: cst.MetadataDependent, test: cst.BaseExpression) ->
     plan = getattr(visitor, "plan", None)
     if plan is None or getattr(plan, "distributed", None) is None:
         return False
-    from accelify.analyses.distributed import main_process_test
+    from accelify.analyses.ranks import main_process_test
 
     return main_process_test(visitor, test, plan) is not None
 

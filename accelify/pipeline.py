@@ -26,7 +26,7 @@ from accelify.names import read_anywhere, undefined_names
 from accelify.plan import analyze
 from accelify.codemods import gather_codemods
 from accelify.precheck import cpython_error, may_train, skipped, syntax_error
-from accelify.report import Change, Finding
+from accelify.report import Finding
 from accelify.result import TARGETS, Options, Result, brief
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from accelify import precheck
 from accelify.io import SourceError, decode, read_source

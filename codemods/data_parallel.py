@@ -10,7 +10,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 
 from accelify.analysis import has_qname, qualified_names, receiver_refs, ref_of
 
-from accelify.analyses.distributed import rank_attribute
+from accelify.analyses.ranks import rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 

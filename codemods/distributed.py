@@ -8,10 +8,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
-from accelify.analyses.distributed import (
-    ALL_REDUCE, BARRIER, GET_RANK, GET_WORLD_SIZE, IS_INITIALIZED, MAIN_TESTS, main_process_test, reduce_op,
-    is_arg_rank, sampler_shuffle, spawn_arguments,
-)
+from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, reduce_op, spawn_arguments
+from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, main_process_test
+from accelify.analyses.samplers import sampler_shuffle
 from accelify.analysis import DATALOADERS, per_process_device, has_qname, ref_of
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan

@@ -25,7 +25,7 @@ from accelify.analysis import (
     simple_assign,
     string_value,
 )
-from accelify.analyses.distributed import MAIN_TESTS, rank_attribute
+from accelify.analyses.ranks import MAIN_TESTS, rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 

@@ -25,7 +25,7 @@ from accelify.analysis import (
     under_main_process_check,
 )
 from accelify.early_stop import EarlyStops
-from accelify.analyses.distributed import rank_attribute
+from accelify.analyses.ranks import rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 

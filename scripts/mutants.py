@@ -369,8 +369,8 @@ MUTANTS = [
     ),
     Mutant(
         "launch-test-unknown", "a script with a single-process path too refused again",
-        "accelify/analyses/distributed.py",
-        "    if _launched_test(facts, value, env_reads):\n        return \"use_distributed\"\n",
+        "accelify/analyses/ranks.py",
+        "    if launched_test(facts, value, env_reads):\n        return \"use_distributed\"\n",
         "",
         tests=tuple(E2E_DIST),
     ),

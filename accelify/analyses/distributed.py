@@ -42,56 +42,68 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import DATALOADERS, Ref, has_qname, inside, qualified_names, ref_of, string_value
+from accelify.analysis import Ref, has_qname, inside, qualified_names
 from accelify.walk import findall
+from accelify.analyses.ranks import (
+    GET_RANK, GET_WORLD_SIZE, Why, arg_ranks, both, env_key, env_rank_reads, kept_rank, launch_branches,
+    main_flags_of, main_process_test, not_main_process_test, propagate, rank_source,
+)
+from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
 
 if TYPE_CHECKING:
     from accelify.plan import Plan
 
-_C10D = "torch.distributed.distributed_c10d."
+INIT = both("init_process_group")
 
 
-def _both(name: str) -> frozenset[str]:
-    return frozenset({f"torch.distributed.{name}", _C10D + name})
+DESTROY = both("destroy_process_group")
 
 
-INIT = _both("init_process_group")
-DESTROY = _both("destroy_process_group")
-BARRIER = _both("barrier")
-ALL_REDUCE = _both("all_reduce")
-GET_RANK = _both("get_rank")
-GET_WORLD_SIZE = _both("get_world_size")
-IS_INITIALIZED = _both("is_initialized")
+BARRIER = both("barrier")
+
+
+ALL_REDUCE = both("all_reduce")
+
+
+IS_INITIALIZED = both("is_initialized")
+
+
 #: queries that need no process group: left as they are
 HARMLESS = frozenset({"torch.distributed.is_available", "torch.distributed.ReduceOp", "torch.distributed.Backend"})
+
+
 SET_DEVICE = frozenset({"torch.cuda.set_device"})
+
+
 DDP = frozenset(
     {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 )
-SAMPLERS = frozenset(
-    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
-)
+
+
 SPAWN = frozenset({
     "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes",
     "torch.multiprocessing.spawn.start_processes",
 })
+
+
 FSDP = frozenset({
     "torch.distributed.fsdp.FullyShardedDataParallel",
     "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
     "torch.distributed.fsdp.fully_shard", "torch.distributed._composable.fsdp.fully_shard",
 })
+
+
 REDUCE_OPS = {"SUM": "sum", "AVG": "mean"}
 
-#: environment variables a launcher sets, and the Accelerator attribute each one is
-ENV_RANKS = {"LOCAL_RANK": "local_process_index", "RANK": "process_index", "WORLD_SIZE": "num_processes"}
+
 #: DistributedDataParallel arguments that say where it runs: ``prepare`` decides that
 _DDP_PLACEMENT = frozenset({"device_ids", "output_device"})
+
+
 #: DistributedDataParallel arguments that change what it does: ``DistributedDataParallelKwargs``
 _DDP_BEHAVIOUR = frozenset(
     {"find_unused_parameters", "broadcast_buffers", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb"}
 )
-#: rank attributes and the main-process test ``== 0`` of each
-MAIN_TESTS = {"process_index": "is_main_process", "local_process_index": "is_local_main_process"}
 
 
 @dataclass
@@ -141,87 +153,6 @@ class Distributed:
     ddp_kwargs: list[str] = field(default_factory=list)
 
 
-def rank_attribute(visitor: cst.MetadataDependent, expr: cst.BaseExpression, plan: Plan) -> Optional[str]:
-    """The Accelerator attribute ``expr`` stands for: a rank name, or ``dist.get_rank()``; None if none."""
-    if plan.distributed is None:
-        return None
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        ref = ref_of(visitor, expr)
-        if ref is not None and ref in plan.distributed.ranks:
-            return plan.distributed.ranks[ref]
-        if ref is not None and ref in plan.distributed.passed:
-            return plan.distributed.passed[ref]
-        if ref is not None and ref in plan.distributed.kept:
-            return plan.distributed.kept[ref]
-        if is_arg_rank(visitor, expr, plan.distributed):
-            return "local_process_index"
-    if isinstance(expr, cst.Call) and not expr.args:
-        if has_qname(visitor, expr.func, GET_RANK):
-            return "process_index"
-        if has_qname(visitor, expr.func, GET_WORLD_SIZE):
-            return "num_processes"
-    return None
-
-
-def is_arg_rank(visitor: cst.MetadataDependent, expr: cst.BaseExpression, dist: Distributed) -> bool:
-    """``args.local_rank`` of arguments parsed with a ``--local_rank`` option."""
-    return (isinstance(expr, cst.Attribute) and expr.attr.value == "local_rank"
-            and ref_of(visitor, expr.value) in dist.arg_ranks)
-
-
-def not_main_process_test(visitor: cst.MetadataDependent, test: cst.BaseExpression, plan: Plan) -> Optional[str]:
-    """``rank != 0``, ``local_rank > 0``, ``args.local_rank not in [-1, 0]``, ``not rank == 0``: the
-    main-process attribute it negates, or None."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return main_process_test(visitor, test.expression, plan)
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-        return None
-    target = test.comparisons[0]
-    operator = target.operator
-    if isinstance(operator, (cst.NotEqual, cst.GreaterThan)) and _is_zero(target.comparator):
-        equal = test.with_changes(comparisons=[target.with_changes(operator=cst.Equal())])
-        return main_process_test(visitor, equal, plan)
-    if isinstance(operator, cst.NotIn):
-        return main_process_test(visitor, test.with_changes(comparisons=[target.with_changes(operator=cst.In())]), plan)
-    return None
-
-
-def main_process_test(visitor: cst.MetadataDependent, test: cst.BaseExpression, plan: Plan) -> Optional[str]:
-    """``rank == 0``, ``0 == local_rank``, ``args.local_rank in [-1, 0]``, ``not distributed or rank
-    == 0``: ``is_main_process`` or ``is_local_main_process``; None when ``test`` is not such a test."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or) and isinstance(
-        test.left, cst.UnaryOperation
-    ) and isinstance(test.left.operator, cst.Not) and rank_attribute(visitor, test.left.expression, plan) == (
-        "use_distributed"
-    ):
-        return main_process_test(visitor, test.right, plan)  # one process without a launcher: the main one
-    if isinstance(test, (cst.Name, cst.Attribute)) and plan.distributed is not None:
-        return plan.distributed.main_flags.get(ref_of(visitor, test))  # type: ignore[arg-type]
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-        return None
-    target = test.comparisons[0]
-    left, right = test.left, target.comparator
-    if isinstance(target.operator, cst.Equal):
-        if _is_zero(left):
-            left, right = right, left
-        if not _is_zero(right):
-            return None
-    elif isinstance(target.operator, cst.In):
-        # `local_rank in [-1, 0]`: -1 is the "not distributed" value of a rank a launcher never sets
-        if not isinstance(right, (cst.List, cst.Tuple, cst.Set)):
-            return None
-        values = {code_of(e.value).replace(" ", "") for e in right.elements}
-        if "0" not in values or not values <= {"0", "-1"}:
-            return None
-    else:
-        return None
-    return MAIN_TESTS.get(rank_attribute(visitor, left, plan) or "")
-
-
-def _is_zero(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Integer) and expr.value == "0"
-
-
 def decide(facts: Facts, plan: Plan) -> bool:
     """Recognise a script that manages its own processes: ``plan.distributed``; False (ACC126) when
     something in it is not understood, with a finding that names it."""
@@ -239,9 +170,6 @@ def decide(facts: Facts, plan: Plan) -> bool:
     return False
 
 
-Why = tuple[cst.CSTNode, str, str]
-
-
 def _is_distributed(facts: Facts, call: cst.Call) -> bool:
     names = qualified_names(facts, call.func)
     return any(n.startswith("torch.distributed.") or n in SPAWN or n in DDP or n in SAMPLERS for n in names)
@@ -249,14 +177,14 @@ def _is_distributed(facts: Facts, call: cst.Call) -> bool:
 
 def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     handled: set[int] = set()  # ids of calls accounted for
-    env_reads = _env_rank_reads(facts)
+    env_reads = env_rank_reads(facts)
     # ranks first: the rest asks whether an argument is one
     for ref, assigns in facts.assigns.items():
-        kinds = {_rank_source(facts, a.value, env_reads) for a in assigns if facts.single_target(a) == ref}
+        kinds = {rank_source(facts, a.value, env_reads) for a in assigns if facts.single_target(a) == ref}
         if not kinds or kinds == {None}:
             continue
         if len(kinds) != 1 or len(assigns) != 1 or None in kinds:
-            kept = _kept_rank(facts, ref, assigns, env_reads)
+            kept = kept_rank(facts, ref, assigns, env_reads)
             if kept is None:
                 return (assigns[0], f"`{ref[1]}` holds a rank but is bound more than once, or to other values too",
                         "read the rank once, or use `accelerator.process_index` by hand")
@@ -272,7 +200,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         dist.ranks[ref] = kind  # type: ignore[assignment]
         dist.rank_assigns.add(id(assigns[0]))
         handled.update(id(c) for c in findall(assigns[0].value, m.Call()))
-    why = _arg_ranks(facts, plan, dist)
+    why = arg_ranks(facts, plan, dist)
     if why is not None:
         return why
     spawns = [c for c in facts.calls if qualified_names(facts, c.func) & SPAWN]
@@ -286,7 +214,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     for read in env_reads:
         target = facts.get_metadata(ParentNodeProvider, read, None)
         assign = facts.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
-        if isinstance(assign, cst.Assign) and _env_key(facts, read) in ("MASTER_ADDR", "MASTER_PORT"):
+        if isinstance(assign, cst.Assign) and env_key(facts, read) in ("MASTER_ADDR", "MASTER_PORT"):
             line = facts.get_metadata(ParentNodeProvider, assign, None)
             if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
                 dist.remove.add(id(line))
@@ -299,106 +227,16 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         if node.attr.value == "no_sync" and isinstance(parent, cst.Call) and parent.func is node and not parent.args:  # type: ignore[attr-defined]
             continue  # `model.no_sync()` -> `accelerator.no_sync(model)` (ACC018)
         if node.attr.value == "require_backward_grad_sync" and isinstance(parent, cst.AssignTarget) and (
-            _launch_branches(facts, node) or (None, False)
+            launch_branches(facts, node) or (None, False)
         )[1]:
             continue  # nanoGPT's `if ddp: model.require_backward_grad_sync = ...`: the prepared DDP wrapper's
         return (node, f"`{code_of(node)}` (gradient synchronisation switched by hand) is not converted yet",
                 "use `with accelerator.accumulate(model):` (or `accelerator.no_sync(model)`) by hand")
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
-    _propagate(facts, dist)
-    _main_flags(facts, plan, dist)
+    propagate(facts, dist)
+    main_flags_of(facts, plan, dist)
     _first_pairs(facts, plan, dist)
-    return None
-
-
-#: what each rank attribute is in a single process
-ONE_PROCESS = {"process_index": "0", "local_process_index": "0", "num_processes": "1"}
-
-
-def _launch_branches(facts: Facts, node: cst.CSTNode) -> Optional[tuple[cst.If, bool]]:
-    """The ``if <launch test>:`` around ``node``, and whether ``node`` is in its launched branch."""
-    child: cst.CSTNode = node
-    parent = facts.get_metadata(ParentNodeProvider, node, None)
-    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-        if isinstance(parent, cst.If) and child in (parent.body, parent.orelse) and _is_launch_test(facts, parent.test):
-            return parent, child is parent.body
-        child, parent = parent, facts.get_metadata(ParentNodeProvider, parent, None)
-    return None
-
-
-def _is_launch_test(facts: Facts, test: cst.BaseExpression) -> bool:
-    """``if ddp:`` with ``ddp`` a launch test (or the test itself)."""
-    env_reads = _env_rank_reads(facts)
-    if _launched_test(facts, test, env_reads):
-        return True
-    values = facts.bound_values(test)
-    return len(values) == 1 and _launched_test(facts, values[0], env_reads)
-
-
-def _kept_rank(facts: Facts, ref: Ref, assigns: list[cst.Assign],
-               env_reads: list[cst.BaseExpression]) -> Optional[tuple[str, cst.Assign]]:
-    """``ddp_world_size = int(os.environ["WORLD_SIZE"])`` in the launched branch and ``ddp_world_size = 1``
-    in the other: (attribute, the launched assignment); None when it is not that shape."""
-    sources = [(a, k) for a in assigns if (k := _rank_source(facts, a.value, env_reads)) is not None]
-    if len(sources) != 1 or sources[0][1].startswith("?") or sources[0][1] not in ONE_PROCESS:
-        return None
-    source, kind = sources[0]
-    where = _launch_branches(facts, source)
-    if where is None or not where[1]:
-        return None
-    for other in assigns:
-        if other is source:
-            continue
-        if facts.single_target(other) != ref or code_of(other.value) != ONE_PROCESS[kind]:
-            return None
-        branch = _launch_branches(facts, other)
-        if branch is None or branch[0] is not where[0] or branch[1]:
-            return None
-    return kind, source
-
-
-def _main_flags(facts: Facts, plan: Plan, dist: Distributed) -> None:
-    """``master_process = ddp_rank == 0`` in the launched branch, ``master_process = True`` in the other."""
-    for ref, assigns in facts.assigns.items():
-        tests = [main_process_test(facts, a.value, plan) for a in assigns]
-        found = [t for t in tests if t is not None]
-        if len(set(found)) != 1 or any(facts.single_target(a) != ref for a in assigns):
-            continue
-        ok = True
-        for assign, test in zip(assigns, tests):
-            branch = _launch_branches(facts, assign)
-            if test is not None:
-                ok &= branch is not None and branch[1]
-            else:
-                ok &= code_of(assign.value) == "True" and branch is not None and not branch[1]
-        if ok:
-            dist.main_flags[ref] = found[0]
-
-
-def _arg_ranks(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
-    """``parser.add_argument("--local_rank", ...)`` and ``args = parser.parse_args()``: ``args.local_rank``
-    is the local rank, where it is read as one (a placement, ``== 0``, ``!= 0``, ``in [-1, 0]``, a value)."""
-    options = [c for c in facts.calls if m.matches(c.func, m.Attribute(attr=m.Name("add_argument")))
-               and c.args and string_value(c.args[0].value) in ("--local_rank", "--local-rank")]
-    if not options:
-        return None
-    for ref, assigns in facts.assigns.items():
-        if any(m.matches(a.value, m.Call(func=m.Attribute(attr=m.Name("parse_args")))) for a in assigns):
-            dist.arg_ranks.add(ref)
-    usage = "read the local rank only as a rank (`== 0`, `in [-1, 0]`, a device), or use `accelerator.local_process_index`"
-    for node in findall(facts.module, m.Attribute(attr=m.Name("local_rank"))):
-        if not is_arg_rank(facts, node, dist):  # type: ignore[arg-type]
-            continue
-        parent = facts.get_metadata(ParentNodeProvider, node, None)
-        if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) or (
-            isinstance(parent, cst.Assign) and node is not parent.value
-        ):
-            return node, f"`{code_of(node)}` is set by the script itself", usage
-        if isinstance(parent, cst.Comparison) and main_process_test(facts, parent, plan) is None and (
-            not_main_process_test(facts, parent, plan) is None
-        ):
-            return parent, f"`{code_of(parent)}` tests for a run without a launcher (a single-process path too)", usage
     return None
 
 
@@ -493,43 +331,6 @@ def spawn_arguments(call: cst.Call, worker: cst.FunctionDef, gone: list[str]) ->
     return [value for param, value in zip(params, arguments) if param not in gone]
 
 
-def _propagate(facts: Facts, dist: Distributed) -> None:
-    """``dist.passed``: parameters every call site hands a rank (``Trainer(model, ..., rank)``), and
-    ``self`` attributes bound only to those (``self.gpu_id = gpu_id``)."""
-    plan = facts.plan
-    if plan is None:
-        return
-    callables: list[tuple[str, cst.FunctionDef, Optional[cst.ClassDef]]] = [
-        (name, func, None) for name, func in facts.functions.items()]
-    for name, cls in facts.classes.items():
-        init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
-        if init is not None:
-            callables.append((name, init, cls))
-    changed = True
-    while changed:
-        changed = False
-        for name, func, cls in callables:
-            sites = facts.call_sites(name, func, cls)
-            if not sites:
-                continue
-            key = f"{name}.__init__" if cls is not None else name
-            for param in [p.name.value for p in func.params.params]:
-                if (key, param) in dist.passed or (key, param) in dist.ranks:
-                    continue
-                kinds = {rank_attribute(facts, bound[param], plan) if param in bound else None for _, bound in sites}
-                if len(kinds) == 1 and None not in kinds:
-                    dist.passed[(key, param)] = kinds.pop()  # type: ignore[assignment]
-                    changed = True
-        for (owner, name), assigns in facts.assigns.items():
-            if owner not in facts.classes or not name.startswith("self.") or (owner, name) in dist.passed:
-                continue
-            kinds = {rank_attribute(facts, a.value, plan) if facts.single_target(a) == (owner, name) else None
-                     for a in assigns}
-            if len(kinds) == 1 and None not in kinds:
-                dist.passed[(owner, name)] = kinds.pop()  # type: ignore[assignment]
-                changed = True
-
-
 def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: set[str], handled: set[int]) -> Optional[Why]:
     """Account for one call of the distributed API (None) or say why it cannot be converted."""
     if names & SPAWN:
@@ -541,12 +342,12 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
     if names & DDP:
         return _ddp(facts, dist, call)
     if names & SAMPLERS:
-        return _sampler(facts, plan, dist, call)
+        return recognise_sampler(facts, plan, dist, call)
     if names & SET_DEVICE and plan_statement(facts, call) is not None and _is_distributed_file(facts):
         dist.remove.add(id(plan_statement(facts, call)))
         return None
     if not any(n.startswith("torch.distributed.") for n in names):
-        if m.matches(call.func, m.Attribute(attr=m.Name("set_epoch"))) and _sets_sampler_epoch(facts, dist, call):
+        if m.matches(call.func, m.Attribute(attr=m.Name("set_epoch"))) and sets_sampler_epoch(facts, dist, call):
             statement = plan_statement(facts, call)
             if statement is None:
                 return call, f"`{code_of(call)}` is used as a value", "call `set_epoch` as a statement"
@@ -648,113 +449,6 @@ def _ddp(facts: Facts, dist: Distributed, call: cst.Call) -> Optional[Why]:
     return None
 
 
-def _sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Optional[Why]:
-    """A ``DistributedSampler`` given to a DataLoader (directly or through a name used only there
-    and for ``set_epoch``) goes; its ``shuffle`` moves to the DataLoader."""
-    usage = "pass `sampler=DistributedSampler(dataset, ...)` to the DataLoader, or drop the sampler by hand"
-    for i, arg in enumerate(call.args):
-        if i == 0 and arg.keyword is None:
-            continue
-        key = arg.keyword.value if arg.keyword is not None else None
-        if key in ("shuffle", "dataset") or (key == "drop_last" and code_of(arg.value) == "False"):
-            continue
-        if key in ("num_replicas", "rank") and rank_attribute(facts, arg.value, plan) is not None:
-            continue
-        return (arg, f"`{code_of(arg)}` of the DistributedSampler is not one accelify can move to the DataLoader",
-                usage)
-    parent = facts.get_metadata(ParentNodeProvider, call, None)
-    if isinstance(parent, cst.IfExp) and parent.body is call and m.matches(parent.orelse, m.Name("None")) and (
-        rank_attribute(facts, parent.test, plan) == "use_distributed"
-    ):
-        # `DistributedSampler(ds) if distributed else None`: the sampler of a launched run, which goes
-        dist.samplers.add(id(parent))
-        holder: cst.CSTNode = parent
-        parent = facts.get_metadata(ParentNodeProvider, parent, None)
-    else:
-        holder = call
-    loader = _loader_given(facts, holder)
-    if loader is not None:
-        why = _loader_takes(loader, call)
-        if why:
-            return call, why, usage
-        dist.samplers.add(id(call))
-        return None
-    if isinstance(parent, cst.Assign) and facts.single_target(parent) is not None and isinstance(parent.targets[0].target, (cst.Name, cst.Attribute)):
-        ref = facts.single_target(parent)
-        if len(facts.assigns.get(ref, [])) != 1:  # type: ignore[arg-type]
-            return call, f"`{ref[1]}` is bound more than once", usage  # type: ignore[index]
-        uses = [n for n in findall(facts.module, m.Name() | m.Attribute())
-                if ref_of(facts, n) == ref and n is not parent.targets[0].target]
-        for use in uses:
-            up = facts.get_metadata(ParentNodeProvider, use, None)
-            if isinstance(up, cst.Attribute) and up.attr.value == "set_epoch":
-                continue
-            if _shuffle_unless_sampler(facts, up):
-                continue  # `shuffle=(sampler is None)`: the DataLoader gets the sampler's shuffle instead
-            loader = _loader_given(facts, use)
-            if loader is None:
-                return use, f"the DistributedSampler `{code_of(use)}` is used for more than the DataLoader", usage
-            why = _loader_takes(loader, call)
-            if why:
-                return call, why, usage
-        dist.samplers.add(id(call))
-        dist.sampler_names[ref] = sampler_shuffle(call)  # type: ignore[index]
-        dist.remove.add(id(facts.get_metadata(ParentNodeProvider, parent)))
-        return None
-    return call, f"`{code_of(call)}` is not given to a DataLoader accelify can see", usage
-
-
-def _shuffle_unless_sampler(facts: Facts, node: Optional[cst.CSTNode]) -> bool:
-    """``sampler is None`` as the ``shuffle=`` of a DataLoader."""
-    if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
-            and isinstance(node.comparisons[0].operator, cst.Is) and m.matches(node.comparisons[0].comparator, m.Name("None"))):
-        return False
-    arg = facts.get_metadata(ParentNodeProvider, node, None)
-    return isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == "shuffle"
-
-
-def _loader_given(facts: Facts, value: cst.CSTNode) -> Optional[cst.Call]:
-    """The ``DataLoader(..., sampler=<value>)`` call ``value`` is given to, if it is."""
-    arg = facts.get_metadata(ParentNodeProvider, value, None)
-    if not isinstance(arg, cst.Arg) or arg.keyword is None or arg.keyword.value != "sampler":
-        return None
-    loader = facts.get_metadata(ParentNodeProvider, arg, None)
-    return loader if isinstance(loader, cst.Call) and has_qname(facts, loader.func, DATALOADERS) else None
-
-
-def _loader_takes(loader: cst.Call, sampler: cst.Call) -> str:
-    """Why the sampler's ``shuffle`` cannot move to ``loader`` ("" when it can)."""
-    own = {a.keyword.value: a.value for a in loader.args if a.keyword is not None}
-    if "batch_sampler" in own:
-        return "the DataLoader also has a batch sampler"
-    if "shuffle" in own and code_of(own["shuffle"]) not in ("False", "None") and not _is_none_test(own["shuffle"]):
-        return "the DataLoader says `shuffle=` too"
-    return ""
-
-
-def _is_none_test(value: cst.BaseExpression) -> bool:
-    """``(sampler is None)``: a shuffle that stood in for the sampler of a run without a launcher."""
-    return m.matches(value, m.Comparison(comparisons=[m.ComparisonTarget(m.Is(), m.Name("None"))]))
-
-
-def sampler_shuffle(sampler: cst.Call) -> str:
-    """The ``shuffle=`` a DataLoader gets for the DistributedSampler it loses (the sampler's default: True)."""
-    for arg in sampler.args:
-        if arg.keyword is not None and arg.keyword.value == "shuffle":
-            return code_of(arg.value)
-    return "True"
-
-
-def _sets_sampler_epoch(facts: Facts, dist: Distributed, call: cst.Call) -> bool:
-    """``sampler.set_epoch(epoch)`` on a sampler that goes, or ``loader.sampler.set_epoch(epoch)``."""
-    receiver = call.func.value  # type: ignore[attr-defined]
-    if ref_of(facts, receiver) in dist.sampler_names:
-        return True
-    return isinstance(receiver, cst.Attribute) and receiver.attr.value == "sampler" and bool(
-        findall(facts.module, m.Call(func=m.Attribute(attr=m.Name("DistributedSampler")) | m.Name("DistributedSampler")))
-    )
-
-
 def _is_distributed_file(facts: Facts) -> bool:
     return any(has_qname(facts, c.func, INIT) for c in facts.calls)
 
@@ -766,93 +460,6 @@ def plan_statement(facts: Facts, call: cst.Call) -> Optional[cst.SimpleStatement
     if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
         return line
     return None
-
-
-def _env_rank_reads(facts: Facts) -> list[cst.BaseExpression]:
-    """``os.environ["LOCAL_RANK"]``, ``os.environ.get("RANK")``, ``os.getenv("WORLD_SIZE")``."""
-    reads: list[cst.BaseExpression] = []
-    for node in findall(facts.module, m.Subscript()):
-        if _env_key(facts, node) is not None:
-            reads.append(node)  # type: ignore[arg-type]
-    for call in facts.calls:
-        if _env_key(facts, call) is not None:
-            reads.append(call)
-    return reads
-
-
-def _env_key(facts: Facts, node: cst.CSTNode) -> Optional[str]:
-    """The launcher variable ``node`` reads (``LOCAL_RANK``...), or None."""
-    key: Optional[cst.BaseExpression] = None
-    if isinstance(node, cst.Subscript) and has_qname(facts, node.value, frozenset({"os.environ"})):
-        if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
-            key = node.slice[0].slice.value
-    elif isinstance(node, cst.Call) and node.args and (
-        has_qname(facts, node.func, frozenset({"os.getenv"}))
-        or (isinstance(node.func, cst.Attribute) and node.func.attr.value == "get"
-            and has_qname(facts, node.func.value, frozenset({"os.environ"})))
-    ):
-        key = node.args[0].value
-    text = string_value(key) if key is not None else None
-    if text in ENV_RANKS or text in ("LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        return text
-    return None
-
-
-def _rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> Optional[str]:
-    """What ``value`` binds: an Accelerator attribute (``"local_process_index"``), ``"?why"`` when it
-    is a rank accelify cannot map, None when it is no rank."""
-    if isinstance(value, cst.Call) and not value.args:
-        if has_qname(facts, value.func, GET_RANK):
-            return "process_index"
-        if has_qname(facts, value.func, GET_WORLD_SIZE):
-            return "num_processes"
-    if _launched_test(facts, value, env_reads):
-        return "use_distributed"
-    inner = value
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "int" and len(value.args) == 1:
-        inner = value.args[0].value
-    if not any(inner is r for r in env_reads):
-        if any(r for r in env_reads if r in findall(value, m.Subscript() | m.Call())):
-            return f"?`{code_of(value)}` computes with a launcher variable (a run with or without a launcher)"
-        return None
-    key = _env_key(facts, inner)
-    if key not in ENV_RANKS:
-        return f"?`{code_of(value)}` reads `{key}`, which has no Accelerate equivalent accelify knows"
-    if inner is value:
-        return f"?`{code_of(value)}` is a string, not a number"
-    if isinstance(inner, cst.Call) and len(inner.args) > 1:
-        default = inner.args[1].value
-        if code_of(default).strip("'\"") != ("1" if key == "WORLD_SIZE" else "0"):
-            return (f"?`{code_of(value)}` has the default `{code_of(default)}` for a run without a launcher "
-                    "(a script with a single-process path too)")
-    return ENV_RANKS[key]
-
-
-def _launched_test(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> bool:
-    """``int(os.environ.get("WORLD_SIZE", 1)) > 1``, ``int(os.environ.get("RANK", -1)) != -1``,
-    ``"LOCAL_RANK" in os.environ``: "was this run started by a launcher?", which under Accelerate is
-    ``accelerator.use_distributed`` (in one process the script takes its single-process path, as
-    it did without a launcher)."""
-    if not isinstance(value, cst.Comparison) or len(value.comparisons) != 1:
-        return False
-    target = value.comparisons[0]
-    if isinstance(target.operator, cst.In) and has_qname(facts, target.comparator, frozenset({"os.environ"})):
-        return string_value(value.left) in ENV_RANKS  # type: ignore[arg-type]
-    left = value.left
-    if not (isinstance(left, cst.Call) and m.matches(left.func, m.Name("int")) and len(left.args) == 1):
-        return False
-    read = left.args[0].value
-    if not any(read is r for r in env_reads) or not isinstance(read, cst.Call) or len(read.args) != 2:
-        return False  # `os.environ.get(KEY, default)`: without a launcher, the default
-    key, default = _env_key(facts, read), code_of(read.args[1].value).strip("'\"")
-    operator, bound = target.operator, code_of(target.comparator)
-    if key == "WORLD_SIZE":
-        return default == "1" and ((isinstance(operator, cst.GreaterThan) and bound == "1")
-                                   or (isinstance(operator, cst.NotEqual) and bound == "1"))
-    if key in ("RANK", "LOCAL_RANK"):
-        return default == "-1" and ((isinstance(operator, cst.NotEqual) and bound == "-1")
-                                    or (isinstance(operator, cst.GreaterThanEqual) and bound == "0"))
-    return False
 
 
 def _setup_helpers(facts: Facts, dist: Distributed) -> set[str]:

@@ -20,7 +20,7 @@ from libcst.metadata import ScopeProvider
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
 from accelify.analysis import (
-    ACCELERATOR_SPELLINGS, enclosing_function, has_qname, key_at, qualified_names, scope_key,
+    ACCELERATOR_SPELLINGS, enclosing_function, key_at, qualified_names, scope_key,
     under_main_process_check,
 )
 from accelify.walk import findall

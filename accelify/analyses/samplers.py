@@ -1,0 +1,136 @@
+"""DistributedSamplers: the ones ``prepare`` replaces, given to a DataLoader directly, through a name
+used only there and for ``set_epoch``, or as ``DistributedSampler(ds) if distributed else None``.
+
+Input: the facts, ``plan.distributed``.  Output: ``samplers``/``sampler_names`` of
+``plan.distributed``, or why a sampler cannot go (ACC126, through the distributed analysis).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from accelify.accumulation import code_of
+from accelify.analyses.facts import Facts
+from accelify.analyses.ranks import Why, rank_attribute
+from accelify.analysis import DATALOADERS, has_qname, ref_of
+from accelify.walk import findall
+
+if TYPE_CHECKING:
+    from accelify.analyses.distributed import Distributed
+    from accelify.plan import Plan
+
+
+SAMPLERS = frozenset(
+    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+)
+
+
+def recognise_sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call) -> Optional[Why]:
+    """A ``DistributedSampler`` given to a DataLoader (directly or through a name used only there
+    and for ``set_epoch``) goes; its ``shuffle`` moves to the DataLoader."""
+    usage = "pass `sampler=DistributedSampler(dataset, ...)` to the DataLoader, or drop the sampler by hand"
+    for i, arg in enumerate(call.args):
+        if i == 0 and arg.keyword is None:
+            continue
+        key = arg.keyword.value if arg.keyword is not None else None
+        if key in ("shuffle", "dataset") or (key == "drop_last" and code_of(arg.value) == "False"):
+            continue
+        if key in ("num_replicas", "rank") and rank_attribute(facts, arg.value, plan) is not None:
+            continue
+        return (arg, f"`{code_of(arg)}` of the DistributedSampler is not one accelify can move to the DataLoader",
+                usage)
+    parent = facts.get_metadata(ParentNodeProvider, call, None)
+    if isinstance(parent, cst.IfExp) and parent.body is call and m.matches(parent.orelse, m.Name("None")) and (
+        rank_attribute(facts, parent.test, plan) == "use_distributed"
+    ):
+        # `DistributedSampler(ds) if distributed else None`: the sampler of a launched run, which goes
+        dist.samplers.add(id(parent))
+        holder: cst.CSTNode = parent
+        parent = facts.get_metadata(ParentNodeProvider, parent, None)
+    else:
+        holder = call
+    loader = _loader_given(facts, holder)
+    if loader is not None:
+        why = _loader_takes(loader, call)
+        if why:
+            return call, why, usage
+        dist.samplers.add(id(call))
+        return None
+    if isinstance(parent, cst.Assign) and facts.single_target(parent) is not None and isinstance(parent.targets[0].target, (cst.Name, cst.Attribute)):
+        ref = facts.single_target(parent)
+        if len(facts.assigns.get(ref, [])) != 1:  # type: ignore[arg-type]
+            return call, f"`{ref[1]}` is bound more than once", usage  # type: ignore[index]
+        uses = [n for n in findall(facts.module, m.Name() | m.Attribute())
+                if ref_of(facts, n) == ref and n is not parent.targets[0].target]
+        for use in uses:
+            up = facts.get_metadata(ParentNodeProvider, use, None)
+            if isinstance(up, cst.Attribute) and up.attr.value == "set_epoch":
+                continue
+            if _shuffle_unless_sampler(facts, up):
+                continue  # `shuffle=(sampler is None)`: the DataLoader gets the sampler's shuffle instead
+            loader = _loader_given(facts, use)
+            if loader is None:
+                return use, f"the DistributedSampler `{code_of(use)}` is used for more than the DataLoader", usage
+            why = _loader_takes(loader, call)
+            if why:
+                return call, why, usage
+        dist.samplers.add(id(call))
+        dist.sampler_names[ref] = sampler_shuffle(call)  # type: ignore[index]
+        dist.remove.add(id(facts.get_metadata(ParentNodeProvider, parent)))
+        return None
+    return call, f"`{code_of(call)}` is not given to a DataLoader accelify can see", usage
+
+
+def _shuffle_unless_sampler(facts: Facts, node: Optional[cst.CSTNode]) -> bool:
+    """``sampler is None`` as the ``shuffle=`` of a DataLoader."""
+    if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+            and isinstance(node.comparisons[0].operator, cst.Is) and m.matches(node.comparisons[0].comparator, m.Name("None"))):
+        return False
+    arg = facts.get_metadata(ParentNodeProvider, node, None)
+    return isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == "shuffle"
+
+
+def _loader_given(facts: Facts, value: cst.CSTNode) -> Optional[cst.Call]:
+    """The ``DataLoader(..., sampler=<value>)`` call ``value`` is given to, if it is."""
+    arg = facts.get_metadata(ParentNodeProvider, value, None)
+    if not isinstance(arg, cst.Arg) or arg.keyword is None or arg.keyword.value != "sampler":
+        return None
+    loader = facts.get_metadata(ParentNodeProvider, arg, None)
+    return loader if isinstance(loader, cst.Call) and has_qname(facts, loader.func, DATALOADERS) else None
+
+
+def _loader_takes(loader: cst.Call, sampler: cst.Call) -> str:
+    """Why the sampler's ``shuffle`` cannot move to ``loader`` ("" when it can)."""
+    own = {a.keyword.value: a.value for a in loader.args if a.keyword is not None}
+    if "batch_sampler" in own:
+        return "the DataLoader also has a batch sampler"
+    if "shuffle" in own and code_of(own["shuffle"]) not in ("False", "None") and not _is_none_test(own["shuffle"]):
+        return "the DataLoader says `shuffle=` too"
+    return ""
+
+
+def _is_none_test(value: cst.BaseExpression) -> bool:
+    """``(sampler is None)``: a shuffle that stood in for the sampler of a run without a launcher."""
+    return m.matches(value, m.Comparison(comparisons=[m.ComparisonTarget(m.Is(), m.Name("None"))]))
+
+
+def sampler_shuffle(sampler: cst.Call) -> str:
+    """The ``shuffle=`` a DataLoader gets for the DistributedSampler it loses (the sampler's default: True)."""
+    for arg in sampler.args:
+        if arg.keyword is not None and arg.keyword.value == "shuffle":
+            return code_of(arg.value)
+    return "True"
+
+
+def sets_sampler_epoch(facts: Facts, dist: Distributed, call: cst.Call) -> bool:
+    """``sampler.set_epoch(epoch)`` on a sampler that goes, or ``loader.sampler.set_epoch(epoch)``."""
+    receiver = call.func.value  # type: ignore[attr-defined]
+    if ref_of(facts, receiver) in dist.sampler_names:
+        return True
+    return isinstance(receiver, cst.Attribute) and receiver.attr.value == "sampler" and bool(
+        findall(facts.module, m.Call(func=m.Attribute(attr=m.Name("DistributedSampler")) | m.Name("DistributedSampler")))
+    )
