@@ -90,6 +90,8 @@ class Run:
     ends: list[Optional[str]] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
     needs_gpu: bool = False
+    #: the file of the tracing hook that ran (rank 0's), None if it never started
+    hook: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -317,8 +319,9 @@ class _Process:
     last_steps: int = -1
 
 
-def _read_trace(prefix: str, processes: int) -> tuple[list[tuple[int, float]], list[int], list[Optional[str]]]:
-    """(rank 0's losses, optimizer steps so far of each rank with a record, how each ended)."""
+def _read_trace(prefix: str, processes: int) -> tuple[list[tuple[int, float]], list[int], list[Optional[str]], Optional[str]]:
+    """(rank 0's losses, optimizer steps so far of each rank with a record, how each ended, rank 0's hook file)."""
+    hook = None
     losses: list[tuple[int, float]] = []
     steps: list[int] = []
     ends: list[Optional[str]] = []
@@ -334,7 +337,9 @@ def _read_trace(prefix: str, processes: int) -> tuple[list[tuple[int, float]], l
                 except ValueError:  # a line being written
                     continue
                 kind = event.get("event")
-                if kind == "loss" and rank == 0:
+                if kind == "start" and rank == 0:
+                    hook = event.get("hook")
+                elif kind == "loss" and rank == 0:
                     losses.append((int(event["step"]), float(event["value"])))
                 elif kind == "step":
                     taken = int(event["steps"])
@@ -343,7 +348,7 @@ def _read_trace(prefix: str, processes: int) -> tuple[list[tuple[int, float]], l
                     taken = int(event.get("steps", taken))
         steps.append(taken)
         ends.append(end)
-    return losses, steps, ends
+    return losses, steps, ends, hook
 
 
 ProgressCallback = Callable[[Run, str, int], None]  # (run, state: started|running|done, steps so far)
@@ -385,7 +390,7 @@ def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], st
             run = proc.run
             run.returncode = code
             run.seconds = time.monotonic() - proc.started
-            run.losses, run.steps, run.ends = _read_trace(proc.trace, run.processes)
+            run.losses, run.steps, run.ends, run.hook = _read_trace(proc.trace, run.processes)
             with open(proc.stderr_path, encoding="utf-8", errors="replace") as handle:
                 lines = handle.read().splitlines()
             run.stderr_tail = lines[-STDERR_TAIL:]
