@@ -269,7 +269,7 @@ def judge_distributed(run: Run) -> Distributed:
     if not run.ok:
         return Distributed(run.processes, run, "failed", describe_failure(run))
     return Distributed(run.processes, run, "ok",
-                       f"{run.processes} processes, {run.steps[0]} optimizer steps on every rank")
+                       f"every rank took {run.steps[0]} optimizer steps and ended cleanly")
 
 
 def describe_failure(run: Run) -> str:

@@ -165,3 +165,34 @@ def test_trace_hook_imports_torch_only():
     pytest.importorskip("accelerate")
     proc = subprocess.run([sys.executable, "-c", code, "/dev/null"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["verify", "missing.py"], "no such file"),
+    (["verify", "train.py", "--format", "yaml"], "--format"),
+    (["verify", "train.py", "--steps", "0"], "--steps"),
+    (["verify", "train.py", "--processes", "0"], "--processes"),
+])
+def test_verify_usage_errors_exit_2(tmp_path, monkeypatch, args, message):
+    from typer.testing import CliRunner
+
+    from accelify.cli import app
+
+    (tmp_path / "train.py").write_text("print('never run')\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_verify_a_file_accelify_leaves_alone(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from accelify.cli import app
+
+    (tmp_path / "train.py").write_text("print('no training here')\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["verify", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert "unchanged" in result.output and "nothing to verify" in result.output
