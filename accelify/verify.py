@@ -369,6 +369,16 @@ def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], st
         if progress:
             progress(run, "started", 0)
     pending = list(processes)
+    try:
+        _wait(pending, timeout, progress)
+    except BaseException:  # Ctrl-C, or a bug of ours: no run outlives verify
+        for proc in pending:
+            _kill(proc.popen)
+            proc.popen.wait()
+        raise
+
+
+def _wait(pending: list[_Process], timeout: float, progress: Optional[ProgressCallback]) -> None:
     while pending:
         time.sleep(0.1)
         for proc in list(pending):
@@ -451,21 +461,26 @@ def verify(
 
     # The converted copy sits next to the original, under a name no one uses, and goes afterwards.
     copy = script.with_name(f"_accelify_verify_{script.stem}_{secrets.token_hex(4)}.py")
-    copy.write_text(converted_source, encoding=source.encoding)
+    try:
+        copy.write_text(converted_source, encoding=source.encoding)
+    except OSError as exc:
+        raise VerifyError(f"{path}: cannot write the converted copy next to it: {exc.strerror or exc}") from exc
+    # Both are started as the original would be (`python train.py` from here): the path as given.
+    copy_arg = os.path.join(os.path.dirname(path), copy.name)
     workdir = tempfile.mkdtemp(prefix="accelify-verify-")
     try:
         run_env = run_environment(env)
         hook = [sys.executable, "-m", "accelify.runtime.trace"]
         original = Run("original")
         converted = Run("converted")
-        jobs = [(original, [*hook, str(script), *args]), (converted, [*hook, str(copy), *args])]
+        jobs = [(original, [*hook, path, *args]), (converted, [*hook, copy_arg, *args])]
         multi = None
         if processes > 1:
             multi = Run(f"converted x{processes}", processes=processes)
             jobs.append((multi, [
                 sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                 "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-                "-m", "accelify.runtime.trace", str(copy), *args,
+                "-m", "accelify.runtime.trace", copy_arg, *args,
             ]))  # fmt: skip
         run_all(jobs, cwd, run_env, steps, timeout, workdir, progress)
     finally:
