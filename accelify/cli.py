@@ -1,8 +1,9 @@
-"""The ``accelify`` command line: ``convert`` and ``rules``.
+"""The ``accelify`` command line: ``convert``, ``verify`` and ``rules``.
 
 Exit codes (as black): 0 success, 1 ``--check`` found files that would change,
 2 usage error, 123 a file could not be read or parsed (it is left untouched and
-the other files are still processed).
+the other files are still processed). ``verify``: 0 equivalent, 1 different,
+2 usage error, 3 a run failed or timed out, 123 the script cannot be read or parsed.
 """
 
 from __future__ import annotations
@@ -305,6 +306,128 @@ def rules(code: Optional[str] = typer.Argument(None, help="A code such as ACC004
         _usage(f"unknown code {code!r}; `accelify rules` lists them.")
     before, after = cls.example()
     typer.echo(f"{cls.CODE} {cls.NAME}: {cls.DESCRIPTION}\n\nBefore:\n{before}\nAfter:\n{after}", nl=False)
+
+
+@app.command()
+def verify(
+    path: str = typer.Argument(..., help="The training script to verify."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script, after '--'."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps each run takes before it is stopped."),
+    processes: int = typer.Option(1, "--processes", min=1, help="Also run the converted script on N CPU processes (torchrun, gloo)."),
+    rtol: float = typer.Option(0.0, "--rtol", min=0.0, help="Relative tolerance between the losses (0: bit for bit)."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a run may take before it counts as hung."),
+    output_format: str = typer.Option("text", "--format", help="text (a table and a verdict) or json."),
+) -> None:
+    """Run a script and its conversion on the CPU and compare the losses they pass to backward."""
+    from accelify.verify import VerifyError, verify as run_verify
+
+    if output_format not in ("text", "json"):
+        _usage(f"--format must be text or json, not {output_format!r}.")
+    if not os.path.isfile(path):
+        _usage(f"{path}: no such file.")
+    display = _VerifyDisplay(steps)
+    try:
+        with display:
+            result = run_verify(path, steps=steps, processes=processes, rtol=rtol, args=script_args or [],
+                                timeout=timeout, progress=display.update)
+    except VerifyError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_ERROR)
+    if output_format == "json":
+        import json
+
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_verification(result)
+    raise typer.Exit(result.exit_code)
+
+
+class _VerifyDisplay:
+    """Live progress of the runs on a terminal's stderr (rich); plain lines on stderr otherwise."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.progress = None
+        self.tasks: dict = {}
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(
+                TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
+                TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+            )
+
+    def __enter__(self):
+        if self.progress is not None:
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def update(self, run, state: str, steps: int) -> None:
+        if self.progress is None:
+            if state == "started":
+                typer.echo(f"{run.name}: started", err=True)
+            elif state == "done":
+                typer.echo(f"{run.name}: {run.state} after {run.seconds:.1f} s, {steps} optimizer steps", err=True)
+            return
+        if run.name not in self.tasks:
+            self.tasks[run.name] = self.progress.add_task(run.name, total=self.steps, state="")
+        task = self.tasks[run.name]
+        label = {"started": "starting", "running": "running", "done": run.state if state == "done" else ""}[state]
+        self.progress.update(task, completed=min(steps, self.steps), state=label)
+
+
+def _number(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.8g}"
+
+
+def _print_verification(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    for finding in result.findings:
+        console.print(finding, markup=False, style="yellow")
+    if result.rows:
+        table = Table(title=f"{result.path}: losses passed to backward", title_justify="left")
+        table.add_column("step", justify="right")
+        table.add_column("original", justify="right")
+        table.add_column("converted", justify="right")
+        table.add_column("difference", justify="right")
+        if result.distributed is not None:
+            table.add_column(f"rank 0 of {result.distributed.processes}", justify="right")
+        first = result.first_difference.index if result.first_difference is not None else None
+        for row in result.rows:
+            difference = row.difference
+            cells = [str(row.step), _number(row.original), _number(row.converted),
+                     "" if difference is None else ("0" if difference == 0 else f"{difference:+.3g}")]
+            if result.distributed is not None:
+                cells.append(_number(row.distributed))
+            table.add_row(*cells, style="bold red" if row.index == first else None)
+        console.print(table)
+    colour = "green" if result.exit_code == 0 else "red"
+    console.print(f"[{colour}]{result.verdict}[/{colour}]: ", end="")
+    console.print(result.message, markup=False)
+    for run in (result.original, result.converted):
+        if run is not None and not run.ok:
+            _print_failure(console, run)
+    if result.distributed is not None:
+        colour = "green" if result.distributed.verdict == "ok" else "red"
+        console.print(f"[{colour}]{result.distributed.processes} processes: {result.distributed.verdict}[/{colour}]: ", end="")
+        console.print(result.distributed.message, markup=False)
+        if result.distributed.verdict != "ok":
+            _print_failure(console, result.distributed.run)
+
+
+def _print_failure(console, run) -> None:
+    if run.stderr_tail:
+        console.print(f"last lines of the {run.name} run's stderr:", markup=False)
+        for line in run.stderr_tail:
+            console.print("    " + line, markup=False, style="dim", soft_wrap=True)
 
 
 def main() -> None:

@@ -1,0 +1,249 @@
+"""The tracing hook of ``accelify verify``: run a training script and record its losses.
+
+usage: python -m accelify.runtime.trace SCRIPT [ARGS...]   (also as torchrun's ``-m`` entry point)
+
+The script runs unchanged, as ``python SCRIPT ARGS`` would run it (``runpy``, ``__main__``,
+``sys.argv``, ``sys.path[0]`` its folder), with a few hooks on torch. Nothing of the user's is
+edited and no ``sitecustomize`` is shadowed: the hook is this module, started in its place.
+
+Environment:
+
+- ``ACCELIFY_TRACE``: a path prefix. Rank ``r`` (``$RANK``, 0 without a launcher) appends JSON lines
+  to ``{prefix}.{r}.jsonl`` as it goes (so a run killed for hanging still tells how far it got):
+  ``{"event": "start", "rank", "world", "pid", "hook"}``, ``{"event": "loss", "step", "value"}``
+  for every backward pass, ``{"event": "step", "steps"}`` after every optimizer step and
+  ``{"event": "end", "reason", "steps", "world", "error"}`` when the script ends.
+- ``ACCELIFY_TRACE_STEPS``: after that many optimizer steps (0 or unset: no limit) the process
+  ends cleanly: the step hook raises ``StepLimitReached`` (a ``SystemExit(0)``, which no
+  ``except Exception`` catches), the end is recorded, and under a process group every rank (they
+  all reach the same step) meets a barrier, destroys the group and leaves with ``os._exit(0)``
+  (gloo's threads were seen to abort in the interpreter's own teardown).
+
+What is recorded as a loss: the value that is differentiated, once per backward pass,
+as a float of the detached tensor (a sequence of tensors: the sum of their values):
+
+- ``Tensor.backward`` and ``torch.autograd.backward`` (the first calls the second: recorded once);
+- ``Accelerator.backward(loss)``, hooked when accelerate is imported: recorded as
+  ``loss / gradient_accumulation_steps``, the value Accelerate differentiates, and the torch
+  backward it calls inside is not recorded again. A hand-accumulating original divides its loss
+  before ``loss.backward()``: both sides record the divided loss, which is what is comparable.
+
+Each loss carries ``step``: the number of optimizer steps taken before it (several backward
+passes share a step under gradient accumulation). Optimizer steps are counted with torch's global
+optimizer step hooks, so any ``torch.optim.Optimizer`` counts (Accelerate's prepared optimizer
+steps its inner optimizer only on accumulation boundaries: those are the steps counted).
+
+Determinism: one torch thread and ``torch.use_deterministic_algorithms(True, warn_only=True)``.
+
+This module depends on torch only (never libcst, rich or typer). Importing it runs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import json
+import os
+import runpy
+import sys
+
+TRACE_VAR = "ACCELIFY_TRACE"
+STEPS_VAR = "ACCELIFY_TRACE_STEPS"
+
+
+class StepLimitReached(SystemExit):
+    """Raised from the optimizer step hook once the step limit is reached: a clean exit (code 0)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+class _Recorder:
+    def __init__(self, path: str, limit: int, rank: int) -> None:
+        self.pid = os.getpid()
+        self.limit = limit
+        self.rank = rank
+        self.steps = 0
+        self.depth = 0  # > 0 inside a backward already recorded
+        self.ended = False
+        self.out = open(path, "a", encoding="utf-8")
+
+    def write(self, **event) -> None:
+        if os.getpid() != self.pid:  # a forked DataLoader worker
+            return
+        self.out.write(json.dumps(event) + "\n")
+        self.out.flush()
+
+    def loss(self, value) -> None:
+        self.write(event="loss", step=self.steps, value=value)
+
+    def step(self) -> None:
+        if os.getpid() != self.pid:
+            return
+        self.steps += 1
+        self.write(event="step", steps=self.steps)
+        if self.limit and self.steps >= self.limit:
+            raise StepLimitReached()
+
+    def end(self, reason: str, error: str | None = None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.write(event="end", reason=reason, steps=self.steps, world=_world(), error=error)
+
+
+def _world() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except Exception:  # pragma: no cover - a broken torch.distributed: the launcher's word
+        pass
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _value(tensors) -> float:
+    import torch
+
+    if torch.is_tensor(tensors):
+        tensors = [tensors]
+    total = 0.0
+    for tensor in tensors:
+        if torch.is_tensor(tensor):
+            total += float(tensor.detach().double().sum())
+    return total
+
+
+def _install(recorder: _Recorder) -> None:
+    import torch
+    import torch.autograd
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    torch.set_num_threads(1)
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    except Exception:  # pragma: no cover - older torch
+        pass
+
+    def recorded(function, value_of):
+        def wrapper(*args, **kwargs):
+            if recorder.depth:
+                return function(*args, **kwargs)
+            recorder.loss(value_of(*args, **kwargs))
+            recorder.depth += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                recorder.depth -= 1
+
+        wrapper.__wrapped__ = function
+        wrapper.__name__ = getattr(function, "__name__", "backward")
+        wrapper.__doc__ = getattr(function, "__doc__", None)
+        return wrapper
+
+    torch.Tensor.backward = recorded(torch.Tensor.backward, lambda self, *a, **k: _value(self))
+    torch.autograd.backward = recorded(
+        torch.autograd.backward, lambda tensors=None, *a, **k: _value(tensors if tensors is not None else k.get("tensors"))
+    )
+
+    def accelerator_loss(self, loss, *args, **kwargs):
+        return _value(loss) / getattr(self, "gradient_accumulation_steps", 1)
+
+    def patch_accelerate(module) -> None:
+        cls = getattr(module, "Accelerator", None)
+        if cls is not None and not hasattr(cls.backward, "__wrapped__"):
+            cls.backward = recorded(cls.backward, accelerator_loss)
+
+    if "accelerate.accelerator" in sys.modules:
+        patch_accelerate(sys.modules["accelerate.accelerator"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("accelerate.accelerator", patch_accelerate))
+
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: recorder.step())
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` right after ``name`` is imported (once; the import is untouched)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module, then = loader.exec_module, self.then
+
+        def run(module):
+            exec_module(module)
+            try:
+                then(module)
+            except Exception:  # pragma: no cover - never break the user's import
+                pass
+
+        loader.exec_module = run
+        return spec
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        sys.stderr.write("usage: python -m accelify.runtime.trace SCRIPT [ARGS...]\n")
+        raise SystemExit(2)
+    script = argv[0]
+    rank = int(os.environ.get("RANK", "0"))
+    prefix = os.environ.get(TRACE_VAR)
+    recorder = None
+    if prefix:
+        recorder = _Recorder(f"{prefix}.{rank}.jsonl", int(os.environ.get(STEPS_VAR, "0") or 0), rank)
+        recorder.write(event="start", rank=rank, world=int(os.environ.get("WORLD_SIZE", "1")), pid=recorder.pid,
+                       hook=os.path.abspath(__file__))
+        _install(recorder)
+
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would have it
+    stopped = False
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except StepLimitReached:
+        stopped = True
+        if recorder is not None:
+            recorder.end("steps")
+    except SystemExit as exc:
+        if recorder is not None:
+            code = exc.code
+            recorder.end("finished" if code in (None, 0) else "exit", None if code in (None, 0) else f"exit({code!r})")
+        raise
+    except BaseException as exc:
+        if recorder is not None:
+            recorder.end("error", f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    else:
+        if recorder is not None:
+            recorder.end("finished")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    _teardown(stopped)
+
+
+def _teardown(stopped: bool) -> None:
+    """Leave cleanly. In a process group: a barrier, the group destroyed, ``os._exit(0)``."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if stopped:
+        raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""End-to-end: `accelify verify` (a subprocess, `python -m accelify verify ... --format json`) over
+runnable fixtures and examples/train.py: the original and the converted copy run on the CPU
+through the tracing hook (accelify.runtime.trace, this checkout's) and pass the same losses to
+backward; a converted copy that changes the learning rate is reported as different at the first
+step it trains with it; a script with arguments gets them (`-- --epochs 1`); an original that
+needs a GPU is reported as such; the converted copy is removed afterwards."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+
+from e2e import FIXTURES, REPO, STUBS, run, script_env  # noqa: E402
+
+from accelify.pipeline import convert_source  # noqa: E402
+
+
+def _verify(folder: Path, *args: str, env: dict[str, str] | None = None, expect: int = 0) -> dict:
+    before = sorted(p.name for p in folder.iterdir())
+    proc = run([sys.executable, "-m", "accelify", "verify", "--format", "json", *args], folder, env or script_env())
+    assert proc.returncode == expect, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    result = json.loads(proc.stdout)
+    # the converted copy is gone (files the script itself writes aside)
+    assert not [p.name for p in folder.iterdir() if p.name.startswith("_accelify_verify_")]
+    assert set(before) <= {p.name for p in folder.iterdir()}
+    for side in ("original", "converted"):
+        if result[side] is not None and result[side]["hook"] is not None:
+            assert Path(result[side]["hook"]).resolve() == (REPO / "runtime" / "trace.py").resolve()
+    return result
+
+
+def _fixture(tmp_path: Path, name: str) -> Path:
+    shutil.copy(FIXTURES / name / "before.py", tmp_path / "train.py")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "name, steps, losses_per_step",
+    [
+        ("docs", 4, 1),  # the docs golden, through tests/stubs (transformers, datasets)
+        ("accumulation_runnable", 3, 4),  # hand-written accumulation -> accelerator.accumulate
+        ("factory_runnable", 4, 1),  # objects from a factory, a trainer class handed them
+    ],
+)
+def test_fixtures_verify_as_identical(tmp_path, name, steps, losses_per_step):
+    env = script_env()
+    if name == "docs":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), env.get("PYTHONPATH", "")) if p)
+    result = _verify(_fixture(tmp_path, name), "train.py", "--steps", str(steps), env=env)
+    assert result["verdict"] == "identical", result["message"]
+    assert result["exit_code"] == 0
+    assert result["original"]["steps"] == result["converted"]["steps"] == [steps]
+    assert result["original"]["ends"] == ["steps"]  # stopped by the hook, not finished
+    rows = result["rows"]
+    assert len(rows) == steps * losses_per_step
+    assert [row["step"] for row in rows] == [i // losses_per_step for i in range(len(rows))]
+    assert all(row["difference"] == 0 for row in rows)
+
+
+def test_a_changed_learning_rate_is_reported_at_its_step(tmp_path):
+    folder = _fixture(tmp_path, "accumulation_runnable")
+    converted = convert_source((folder / "train.py").read_text(encoding="utf-8"), "train.py").output
+    assert "lr=0.1" in converted
+    broken = tmp_path / "broken.txt"
+    broken.write_text(converted.replace("lr=0.1", "lr=0.2"), encoding="utf-8")
+    env = {**script_env(), "ACCELIFY_VERIFY_CONVERTED": str(broken)}
+    result = _verify(folder, "train.py", "--steps", "3", env=env, expect=1)
+    assert result["verdict"] == "different"
+    first = result["first_difference"]
+    # the 4 losses of step 0 are computed before any update: the same; the first update differs
+    assert (first["index"], first["step"]) == (4, 1), result["message"]
+    assert first["original"] != first["converted"]
+    assert all(row["difference"] == 0 for row in result["rows"][:4])
+    assert "step 1" in result["message"]
+
+
+def test_examples_train_on_one_and_two_processes_as_the_readme_shows(tmp_path):
+    """README's `accelify verify examples/train.py --steps 6 --processes 2`: its table is this run's."""
+    shutil.copy(REPO / "examples" / "train.py", tmp_path / "train.py")
+    result = _verify(tmp_path, "train.py", "--steps", "6", "--processes", "2")
+    assert result["verdict"] == "identical" and len(result["rows"]) == 6
+    distributed = result["distributed"]
+    assert distributed["verdict"] == "ok", distributed["message"]
+    assert distributed["run"]["steps"] == [6, 6] and distributed["run"]["ends"] == ["steps", "steps"]
+    assert all(row["distributed"] is not None for row in result["rows"])
+    # each rank trains on its own half of a batch: not the one-process losses
+    assert [row["distributed"] for row in result["rows"]] != [row["original"] for row in result["rows"]]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "$ accelify verify examples/train.py --steps 6 --processes 2\n" in readme
+    for row in result["rows"]:
+        cells = [str(row["step"]), f"{row['original']:.8g}", f"{row['converted']:.8g}", "0", f"{row['distributed']:.8g}"]
+        assert re.search(r"│\s*" + r"\s*│\s*".join(map(re.escape, cells)) + r"\s*│", readme), cells
+
+
+def test_script_arguments_after_double_dash_and_text_output(tmp_path):
+    folder = _fixture(tmp_path, "mnist_functions")
+    # 128 samples in batches of 64: 2 steps an epoch; --epochs 1 ends both runs after 2 steps
+    args = ["--", "--epochs", "1", "--batch-size", "64", "--no-save-model"]
+    proc = run([sys.executable, "-m", "accelify", "verify", "train.py", "--steps", "20", *args], folder, script_env())
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert "step" in proc.stdout and "original" in proc.stdout and "difference" in proc.stdout
+    assert "identical: the same 2 losses over 2 optimizer steps, bit for bit" in proc.stdout
+    assert not (folder / "mnist_cnn.pt").exists()  # --no-save-model reached both runs
+    # not a terminal: plain progress lines on stderr
+    assert "original: started" in proc.stderr
+    assert "original: ok after" in proc.stderr and "converted: ok after" in proc.stderr
+    assert not [p.name for p in folder.iterdir() if p.name.startswith("_accelify_verify_")]
+
+
+def test_an_original_that_needs_a_gpu(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "\n"
+        "loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)\n"
+        "model = nn.Linear(4, 1).cuda()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n"
+        "    x, y = x.cuda(), y.cuda()\n"
+        "    loss = nn.functional.mse_loss(model(x), y)\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n",
+        encoding="utf-8",
+    )
+    result = _verify(tmp_path, "train.py", "--steps", "2", expect=3)
+    assert result["verdict"] == "failed"
+    assert "original" in result["message"] and "needs a GPU" in result["message"]
+    assert result["original"]["returncode"] == 1 and result["original"]["stderr_tail"]
+    assert result["converted"]["state"] == "ok"
