@@ -8,8 +8,9 @@ import libcst.matchers as m
 from accelify.walk import findall
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
-from accelify.analysis import has_qname, qualified_names, receiver_refs, ref_of
+from accelify.analysis import has_qname, receiver_refs, ref_of
 
+from accelify.analyses.distributed import DDP
 from accelify.analyses.ranks import rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
@@ -21,11 +22,8 @@ DATA_PARALLEL = frozenset(
         "torch.nn.DataParallel",
         "torch.nn.parallel.DataParallel",
         "torch.nn.parallel.data_parallel.DataParallel",
-        # a script that wraps its model in DDP itself (ACC018 removes the rest of its plumbing)
-        "torch.nn.parallel.DistributedDataParallel",
-        "torch.nn.parallel.distributed.DistributedDataParallel",
     }
-)
+) | DDP  # a script that wraps its model in DDP itself (ACC018 removes the rest of its plumbing)
 
 
 class DataParallel(AccelifyCodemod):
@@ -116,8 +114,7 @@ class DataParallel(AccelifyCodemod):
         if not self.unwraps(original_node):
             return updated_node
         self.touch()
-        kind = "DistributedDataParallel" if any(
-            q.endswith("DistributedDataParallel") for q in qualified_names(self, original_node.func)) else "DataParallel"
+        kind = "DistributedDataParallel" if has_qname(self, original_node.func, DDP) else "DataParallel"
         self.change(original_node, f"`{kind}(...)` removed: prepare() wraps the model")
         remove_imports_of(self.context, original_node.func)
         return updated_node.args[0].value

@@ -95,15 +95,13 @@ class Distributed(AccelifyCodemod):
         if dist is None or result is not updated_node or self._in_removed_helper(original_node):
             return result
         if id(original_node) in dist.gathered:
-            remove_imports_of(self.context, original_node)
-            self.change(original_node, "all-reduce removed: the counts are gathered with `gather_for_metrics` (ACC011)")
-            return self.remove(updated_node)
+            return self._drop(original_node, updated_node,
+                              "all-reduce removed: the counts are gathered with `gather_for_metrics` (ACC011)")
         if id(original_node) in dist.remove or self._calls_helper(original_node) or (
             len(original_node.body) == 1 and id(original_node.body[0]) in dist.rank_assigns
         ):
-            remove_imports_of(self.context, original_node)
-            self.change(original_node, "process-group set-up removed: the launcher and `Accelerator()` do it")
-            return self.remove(updated_node)
+            return self._drop(original_node, updated_node,
+                              "process-group set-up removed: the launcher and `Accelerator()` do it")
         if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
             return updated_node
         call = original_node.body[0].value
@@ -122,12 +120,22 @@ class Distributed(AccelifyCodemod):
             accelerator = self.accelerator_at(original_node)
             if accelerator is None:
                 return self._unreachable(original_node, updated_node)
-            self.replaced(original_node)
-            remove_imports_of(self.context, call.func)
-            self.change(original_node, f"`all_reduce({tensor})` -> `{tensor} = {accelerator}.reduce({tensor}, ...)`")
-            new = self.parse_statement(f'{tensor} = {accelerator}.reduce({tensor}, reduction="{op}")\n')
-            return new.with_changes(leading_lines=updated_node.leading_lines)
+            return self._rewrite(original_node, updated_node, f'{tensor} = {accelerator}.reduce({tensor}, reduction="{op}")',
+                                 f"`all_reduce({tensor})` -> `{tensor} = {accelerator}.reduce({tensor}, ...)`")
         return updated_node
+
+    def _drop(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, message: str) -> cst.BaseStatement:
+        remove_imports_of(self.context, original)
+        self.change(original, message)
+        return self.remove(updated)
+
+    def _rewrite(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, code: str,
+                 message: str) -> cst.BaseStatement:
+        """The call statement ``original`` becomes ``code`` (the imports only it read may go)."""
+        self.replaced(original)
+        remove_imports_of(self.context, original.body[0].value.func)  # type: ignore[attr-defined]
+        self.change(original, message)
+        return self.parse_statement(code + "\n").with_changes(leading_lines=updated.leading_lines)
 
     def _spawned(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
                  call: cst.Call) -> cst.BaseStatement:
@@ -138,23 +146,15 @@ class Distributed(AccelifyCodemod):
         worker = next(s for s in self.shared.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name)
         empty = cst.Module(body=[])
         arguments = ", ".join(empty.code_for_node(a) for a in spawn_arguments(call, worker, gone))
-        self.replaced(original)
-        remove_imports_of(self.context, call.func)
-        self.change(original, f"`{empty.code_for_node(call.func)}(...)` -> `{name}({arguments})`: the launcher "
-                    "starts the processes")
-        new = self.parse_statement(f"{name}({arguments})\n")
-        return new.with_changes(leading_lines=updated.leading_lines)
+        return self._rewrite(original, updated, f"{name}({arguments})", f"`{empty.code_for_node(call.func)}(...)` "
+                             f"-> `{name}({arguments})`: the launcher starts the processes")
 
     def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, method: str,
                    what: str) -> cst.BaseStatement:
         accelerator = self.accelerator_at(original)
         if accelerator is None:
             return self._unreachable(original, updated)
-        self.replaced(original)
-        remove_imports_of(self.context, original.body[0].value.func)  # type: ignore[attr-defined]
-        self.change(original, f"{what} -> `{accelerator}.{method}`")
-        new = self.parse_statement(f"{accelerator}.{method}\n")
-        return new.with_changes(leading_lines=updated.leading_lines)
+        return self._rewrite(original, updated, f"{accelerator}.{method}", f"{what} -> `{accelerator}.{method}`")
 
     def _unreachable(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
         self.refuse(original, "ACC126", "this distributed call is in code that cannot reach the Accelerator; "

@@ -227,7 +227,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         if node.attr.value == "no_sync" and isinstance(parent, cst.Call) and parent.func is node and not parent.args:  # type: ignore[attr-defined]
             continue  # `model.no_sync()` -> `accelerator.no_sync(model)` (ACC018)
         if node.attr.value == "require_backward_grad_sync" and isinstance(parent, cst.AssignTarget) and (
-            launch_branches(facts, node) or (None, False)
+            launch_branches(facts, node, env_reads) or (None, False)
         )[1]:
             continue  # nanoGPT's `if ddp: model.require_backward_grad_sync = ...`: the prepared DDP wrapper's
         return (node, f"`{code_of(node)}` (gradient synchronisation switched by hand) is not converted yet",
@@ -235,7 +235,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
     propagate(facts, dist)
-    main_flags_of(facts, plan, dist)
+    main_flags_of(facts, plan, dist, env_reads)
     _first_pairs(facts, plan, dist)
     return None
 

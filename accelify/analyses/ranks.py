@@ -139,20 +139,21 @@ def _is_zero(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Integer) and expr.value == "0"
 
 
-def launch_branches(facts: Facts, node: cst.CSTNode) -> Optional[tuple[cst.If, bool]]:
-    """The ``if <launch test>:`` around ``node``, and whether ``node`` is in its launched branch."""
+def launch_branches(facts: Facts, node: cst.CSTNode,
+                    env_reads: list[cst.BaseExpression]) -> Optional[tuple[cst.If, bool]]:
+    """The ``if <launch test>:`` around ``node``, and whether ``node`` is in its launched branch
+    (``env_reads``: :func:`env_rank_reads`, computed once by the caller)."""
     child: cst.CSTNode = node
     parent = facts.get_metadata(ParentNodeProvider, node, None)
     while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-        if isinstance(parent, cst.If) and child in (parent.body, parent.orelse) and _is_launch_test(facts, parent.test):
+        if isinstance(parent, cst.If) and child in (parent.body, parent.orelse) and _is_launch_test(facts, parent.test, env_reads):
             return parent, child is parent.body
         child, parent = parent, facts.get_metadata(ParentNodeProvider, parent, None)
     return None
 
 
-def _is_launch_test(facts: Facts, test: cst.BaseExpression) -> bool:
+def _is_launch_test(facts: Facts, test: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> bool:
     """``if ddp:`` with ``ddp`` a launch test (or the test itself)."""
-    env_reads = env_rank_reads(facts)
     if launched_test(facts, test, env_reads):
         return True
     values = facts.bound_values(test)
@@ -167,7 +168,7 @@ def kept_rank(facts: Facts, ref: Ref, assigns: list[cst.Assign],
     if len(sources) != 1 or sources[0][1].startswith("?") or sources[0][1] not in ONE_PROCESS:
         return None
     source, kind = sources[0]
-    where = launch_branches(facts, source)
+    where = launch_branches(facts, source, env_reads)
     if where is None or not where[1]:
         return None
     for other in assigns:
@@ -175,13 +176,13 @@ def kept_rank(facts: Facts, ref: Ref, assigns: list[cst.Assign],
             continue
         if facts.single_target(other) != ref or code_of(other.value) != ONE_PROCESS[kind]:
             return None
-        branch = launch_branches(facts, other)
+        branch = launch_branches(facts, other, env_reads)
         if branch is None or branch[0] is not where[0] or branch[1]:
             return None
     return kind, source
 
 
-def main_flags_of(facts: Facts, plan: Plan, dist: Distributed) -> None:
+def main_flags_of(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.BaseExpression]) -> None:
     """``master_process = ddp_rank == 0`` in the launched branch, ``master_process = True`` in the other."""
     for ref, assigns in facts.assigns.items():
         tests = [main_process_test(facts, a.value, plan) for a in assigns]
@@ -190,7 +191,7 @@ def main_flags_of(facts: Facts, plan: Plan, dist: Distributed) -> None:
             continue
         ok = True
         for assign, test in zip(assigns, tests):
-            branch = launch_branches(facts, assign)
+            branch = launch_branches(facts, assign, env_reads)
             if test is not None:
                 ok &= branch is not None and branch[1]
             else:
