@@ -2,18 +2,31 @@
 before/after conversion as a subprocess, on one process or on two CPU
 processes under `torch.distributed.run`.
 
+Most runs are forked from a zygote (tests/e2e_zygote.py) that imported torch and
+accelerate once: a run of a tiny fixture takes ~0.2 s instead of ~5 s, most of it
+imports. Two-process runs then are the two workers torchrun would start, with the
+environment it gives them (``_rank_env``); runs whose environment a fork cannot give
+(PYTHONPATH stubs, a blocked accelerate) and those asked with ``torchrun=True`` run
+as real subprocesses under real torchrun (the docs' golden, ``accelify verify``).
+
 A plain module, not a conftest: the test modules import it as `from e2e import
 ...` (tests/ has no __init__.py, so pytest's default "prepend" import mode puts
 tests/ on sys.path). Importing it does not import torch.
 """
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
 STUBS = Path(__file__).resolve().parent / "stubs"
 
-SUBPROCESS_TIMEOUT = 240
+SUBPROCESS_TIMEOUT = int(os.environ.get("E2E_TIMEOUT", "240"))
 
 # Env vars that would change how Accelerate / torch.distributed set themselves up.
 DIST_VARS = frozenset(
@@ -95,23 +108,176 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
     )
 
 
+_PORTS_GIVEN: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and never handed out before in this session: runs started together
+    (thread pools) must not meet at one master port, where their ranks would pair up."""
+    with _PORTS_LOCK:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _PORTS_GIVEN:
+                _PORTS_GIVEN.add(port)
+                return port
+
+
+ZYGOTE = Path(__file__).resolve().parent / "e2e_zygote.py"
+# What a forked child of the zygote cannot change, being fixed when an interpreter starts:
+# the zygote's own values, and the requests it accepts (see tests/e2e_zygote.py).
+_FIXED_AT_START = ("PYTHONHASHSEED", "PYTHONPATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+
+
+class Zygote:
+    """Client of tests/e2e_zygote.py, a fork server that imported torch and accelerate once:
+    ``start`` runs ``python e2e_wrapper.py ARGV`` as a forked child of it. Thread-safe (the
+    tests start runs from thread pools); one per test session, started on first use."""
+
+    _instance: Zygote | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.base_env = script_env(PYTHONHASHSEED="0")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=self.base_env, cwd=REPO, start_new_session=True,
+        )  # fmt: skip
+        ready = self.proc.stdout.readline()
+        if json.loads(ready or "{}").get("ready") is not True:
+            raise RuntimeError(f"the e2e zygote did not start: {ready!r}")
+        self.lock = threading.Lock()
+        self.tags = itertools.count()
+        self.children: dict[int, dict] = {}
+        threading.Thread(target=self._read_replies, daemon=True).start()
+
+    @classmethod
+    def get(cls) -> Zygote:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+                atexit.register(cls._instance.close)
+            return cls._instance
+
+    def accepts(self, env: dict[str, str]) -> bool:
+        """Whether a child of the zygote runs as a new interpreter with ``env`` would (an unset
+        PYTHONHASHSEED is a random one: the zygote's 0 is one of them)."""
+        env = {"PYTHONHASHSEED": self.base_env["PYTHONHASHSEED"], **env}
+        return all(env.get(k) == self.base_env.get(k) for k in _FIXED_AT_START)
+
+    def _read_replies(self) -> None:
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            child = self.children[message["tag"]]
+            if "pid" in message:
+                child["pid"] = message["pid"]
+                child["started"].set()
+            else:
+                child["code"] = message["code"]
+                child["done"].set()
+        for child in list(self.children.values()):  # the zygote is gone: nothing more will end
+            child.setdefault("code", -1)
+            child["started"].set()
+            child["done"].set()
+
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr: Path) -> dict:
+        with self.lock:
+            tag = next(self.tags)
+            child = self.children[tag] = {"started": threading.Event(), "done": threading.Event()}
+            request = {"tag": tag, "argv": argv, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        child["started"].wait()
+        return child
+
+    @staticmethod
+    def kill(child: dict, signum: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(child["pid"], signum)
+        except (KeyError, ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - at interpreter exit: leave nothing behind
+            self.proc.kill()
+
+
+def _run_forked(
+    cmd: list[str], cwd: Path, envs: list[dict[str, str]], timeout: float = SUBPROCESS_TIMEOUT
+) -> subprocess.CompletedProcess:
+    """Run ``e2e_wrapper.py`` with ``cmd``'s last argument (the script) once per env, as children
+    of the zygote, together, as torchrun runs its workers: when one fails the others are killed.
+    The result reads as the process ``cmd`` would: the first failing exit status (else 0), the
+    children's stdout and stderr in order."""
+    zygote = Zygote.get()
+    outputs = Path(tempfile.mkdtemp(prefix="e2e-outputs-"))  # not in cwd, where the script works
+    files = [(outputs / f"{i}.out", outputs / f"{i}.err") for i in range(len(envs))]
+    children = [zygote.start(cmd[-1:], cwd, env, out, err) for env, (out, err) in zip(envs, files)]
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    while not all(c["done"].is_set() for c in children):
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        if any(c["done"].is_set() and c["code"] != 0 for c in children):
+            break
+        time.sleep(0.02)
+    if timed_out:  # where each one waits, to its stderr (see e2e_zygote.py), before it is killed
+        for child in children:
+            if not child["done"].is_set():
+                Zygote.kill(child, signal.SIGUSR1)
+        time.sleep(1)
+    for child in children:
+        if not child["done"].is_set():
+            Zygote.kill(child)
+            child["done"].wait(30)
+    out = "".join(path.read_text(encoding="utf-8", errors="replace") for path, _ in files)
+    err = "".join(path.read_text(encoding="utf-8", errors="replace") for _, path in files)
+    shutil.rmtree(outputs, ignore_errors=True)
+    if timed_out:
+        pytest.fail(f"timed out after {timeout}s: {cmd}\n--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}")
+    code = next((c["code"] for c in children if c.get("code")), 0)
+    return subprocess.CompletedProcess(cmd, code, out, err)
 
 
 def run_single_process(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`python script.py` (through the wrapper) in the script's directory."""
-    return run([sys.executable, str(WRAPPER), script.name], script.parent, env)
+    """`python script.py` (through the wrapper) in the script's directory: forked from the
+    zygote when ``env`` allows it (the same run, without importing torch again)."""
+    cmd = [sys.executable, str(WRAPPER), script.name]
+    if Zygote.get().accepts(env):
+        return _run_forked(cmd, script.parent, [env])
+    return run(cmd, script.parent, env)
+
+
+def _rank_env(env: dict[str, str], rank: int, world: int, port: int) -> dict[str, str]:
+    """The variables torchrun gives each worker (torch/distributed/elastic/agent/server/
+    local_elastic_agent.py) when it starts ``world`` of them on this machine."""
+    return {
+        **env,
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(world), "WORLD_SIZE": str(world),
+        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }  # fmt: skip
 
 
 def run_two_cpu_processes(
-    script: Path, env: dict[str, str], *, rank_stdout: bool = False
+    script: Path, env: dict[str, str], *, rank_stdout: bool = False, torchrun: bool = False
 ) -> tuple[subprocess.CompletedProcess, list[str] | None]:
     """Run `script` (unchanged, through the wrapper) on two CPU processes with
     `python -m torch.distributed.run --nproc_per_node 2`, ACCELERATE_USE_CPU=1,
     in the script's directory.
+
+    With torchrun=False (the default) and an ``env`` the zygote accepts, the two workers are
+    forked from the zygote with the environment torchrun gives them (much faster: no
+    interpreter imports torch again); torchrun=True runs torchrun itself.
 
     Returns the torchrun process and, with rank_stdout=True, the stdout of
     rank 0 and rank 1, each captured in its own file (None otherwise); those
@@ -129,7 +295,11 @@ def run_two_cpu_processes(
         "--master_port", str(free_port()),
         str(WRAPPER), script.name,
     ]  # fmt: skip
-    proc = run(cmd, cwd, env)
+    if torchrun or not Zygote.get().accepts(env):
+        proc = run(cmd, cwd, env)
+    else:  # the two workers torchrun would start, with its environment, forked from the zygote
+        port = int(cmd[cmd.index("--master_port") + 1])
+        proc = _run_forked(cmd, cwd, [_rank_env(env, rank, 2, port) for rank in (0, 1)])
     if not rank_stdout:
         return proc, None
     outputs = []
