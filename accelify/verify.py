@@ -17,7 +17,9 @@ Verdicts (``Verification.verdict``) and exit codes:
   recorded more losses or took more optimizer steps than the other;
 - ``no-losses`` (1): neither run passed a loss to backward: nothing proves them equivalent;
 - ``failed`` (3): a run failed (its exit code and last stderr lines; ``needs_gpu`` when the
-  failure is about CUDA) or timed out;
+  failure is about CUDA, ``needs_launcher`` when the script reads what torchrun sets: a DDP
+  original, whose conversion runs in one process and is still checked with ``processes``) or
+  timed out;
 - ``unchanged`` (0): accelify leaves the file as it is (findings say why): nothing to verify.
 
 The multi-process run has its own verdict (``Verification.distributed.verdict``): ``ok`` (every
@@ -25,8 +27,10 @@ rank ended cleanly after the same number of optimizer steps), ``uneven-steps`` (
 ``failed`` or ``timeout`` (exit 3). It never decides equality with the one-process losses (each
 rank trains on its own shard); rank 0's losses are shown.
 
-Test hook: ``converted_source`` (or, from the command line, ``$ACCELIFY_VERIFY_CONVERTED`` naming a
-file) replaces accelify's conversion, so a test can verify a deliberately broken copy.
+Test hooks: ``converted_source`` (or, from the command line, ``$ACCELIFY_VERIFY_CONVERTED`` naming a
+file) replaces accelify's conversion, so a test can verify a deliberately broken copy; ``start``
+replaces how the runs' commands are started (the tests fork them from a process that imported
+torch once).
 """
 
 from __future__ import annotations
@@ -70,6 +74,12 @@ _NEEDS_GPU = re.compile(
     re.IGNORECASE,
 )
 
+# A failure that is about a missing launcher: the script reads what torchrun gives each process.
+_NEEDS_LAUNCHER = re.compile(
+    r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected, but not set|"
+    r"KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'"
+)
+
 STDERR_TAIL = 15
 
 
@@ -90,6 +100,8 @@ class Run:
     ends: list[Optional[str]] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
     needs_gpu: bool = False
+    #: it failed reading what a launcher (torchrun) sets: RANK, WORLD_SIZE, MASTER_ADDR...
+    needs_launcher: bool = False
     #: the file of the tracing hook that ran (rank 0's), None if it never started
     hook: Optional[str] = None
 
@@ -275,7 +287,11 @@ def judge_distributed(run: Run) -> Distributed:
 def describe_failure(run: Run) -> str:
     if run.timed_out:
         return f"the {run.name} run timed out after {run.seconds:.0f} s (a hang?)"
-    if run.needs_gpu:
+    if run.needs_launcher:
+        head = (f"the {run.name} script needs a launcher (it reads the variables torchrun sets; exit code "
+                f"{run.returncode}): verify compares the two in one process, which it cannot run; "
+                "--processes N still checks the converted script on N processes")
+    elif run.needs_gpu:
         head = f"the {run.name} script needs a GPU (it failed on a CUDA call, exit code {run.returncode})"
     elif run.returncode == 0:
         head = f"the {run.name} run ended without its trace (exit code 0, ranks recorded: {len(run.ends)} of {run.processes})"
@@ -353,18 +369,27 @@ def _read_trace(prefix: str, processes: int) -> tuple[list[tuple[int, float]], l
 
 ProgressCallback = Callable[[Run, str, int], None]  # (run, state: started|running|done, steps so far)
 
+#: How a run is started: ``(cmd, cwd, env, stdout path, stderr path)`` -> a ``subprocess.Popen``, or
+#: an object with its ``pid`` (leader of its own process group), ``poll()``, ``wait()``, ``kill()``.
+Starter = Callable[[list[str], str, dict[str, str], str, str], subprocess.Popen]
+
+
+def start_process(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str) -> subprocess.Popen:
+    """The default ``Starter``: a subprocess in its own session (a timeout kills all it started)."""
+    with open(stderr, "wb") as err, open(stdout, "wb") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True)
+
 
 def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], steps: int, timeout: float,
-            workdir: str, progress: Optional[ProgressCallback] = None) -> None:
+            workdir: str, progress: Optional[ProgressCallback] = None, start: Starter = start_process) -> None:
     """Start every job at once and wait for all; fills in each ``Run``."""
     processes: list[_Process] = []
     for number, (run, cmd) in enumerate(jobs):
         trace = os.path.join(workdir, f"run{number}")
         stderr_path = os.path.join(workdir, f"run{number}.stderr")
         run_env = {**env, "ACCELIFY_TRACE": trace, "ACCELIFY_TRACE_STEPS": str(steps)}
-        with open(stderr_path, "wb") as err, open(os.path.join(workdir, f"run{number}.stdout"), "wb") as out:
-            popen = subprocess.Popen(cmd, cwd=cwd, env=run_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                     start_new_session=True)
+        popen = start(cmd, cwd, run_env, os.path.join(workdir, f"run{number}.stdout"), stderr_path)
         processes.append(_Process(run, popen, trace, stderr_path, time.monotonic()))
         if progress:
             progress(run, "started", 0)
@@ -404,12 +429,16 @@ def _wait(pending: list[_Process], timeout: float, progress: Optional[ProgressCa
             with open(proc.stderr_path, encoding="utf-8", errors="replace") as handle:
                 lines = handle.read().splitlines()
             run.stderr_tail = lines[-STDERR_TAIL:]
-            run.needs_gpu = not run.ok and any(_NEEDS_GPU.search(line) for line in lines[-60:])
+            run.needs_launcher = not run.ok and any(_NEEDS_LAUNCHER.search(line) for line in lines[-60:])
+            run.needs_gpu = not run.ok and not run.needs_launcher and any(_NEEDS_GPU.search(line) for line in lines[-60:])
             if progress:
                 progress(run, "done", run.steps[0] if run.steps else 0)
 
 
 def _kill(popen: subprocess.Popen) -> None:
+    if not isinstance(popen, subprocess.Popen):  # a Starter's own handle: it knows what to kill
+        popen.kill()
+        return
     try:
         os.killpg(popen.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -438,6 +467,7 @@ def verify(
     env: Optional[dict[str, str]] = None,
     cwd: Optional[str] = None,
     progress: Optional[ProgressCallback] = None,
+    start: Starter = start_process,
 ) -> Verification:
     """Convert ``path``, run the original and the converted copy, compare (see the module doc)."""
     from accelify.io import SourceError, read_source
@@ -482,7 +512,7 @@ def verify(
                 "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
                 "-m", "accelify.runtime.trace", copy_arg, *args,
             ]))  # fmt: skip
-        run_all(jobs, cwd, run_env, steps, timeout, workdir, progress)
+        run_all(jobs, cwd, run_env, steps, timeout, workdir, progress, start)
     finally:
         copy.unlink(missing_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -140,7 +140,7 @@ class Zygote:
     _instance_lock = threading.Lock()
 
     def __init__(self) -> None:
-        self.base_env = script_env(PYTHONHASHSEED="0")
+        self.base_env = script_env(PYTHONHASHSEED="0", MKL_NUM_THREADS="1")
         self.proc = subprocess.Popen(
             [sys.executable, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=self.base_env, cwd=REPO, start_new_session=True,
@@ -182,11 +182,15 @@ class Zygote:
             child["started"].set()
             child["done"].set()
 
-    def start(self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr: Path) -> dict:
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr: Path, *,
+              module: str | None = None, append: bool = False, block: tuple[str, ...] = ()) -> dict:
+        """Start ``python e2e_wrapper.py ARGV`` (``python -m MODULE ARGV`` with ``module``) forked
+        from the zygote; ``block``: packages that are not installed for it (see e2e_zygote.py)."""
         with self.lock:
             tag = next(self.tags)
             child = self.children[tag] = {"started": threading.Event(), "done": threading.Event()}
-            request = {"tag": tag, "argv": argv, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
+            request = {"tag": tag, "argv": argv, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr),
+                       "module": module, "append": append, "block": list(block)}
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
         child["started"].wait()
@@ -208,7 +212,8 @@ class Zygote:
 
 
 def _run_forked(
-    cmd: list[str], cwd: Path, envs: list[dict[str, str]], timeout: float = SUBPROCESS_TIMEOUT
+    cmd: list[str], cwd: Path, envs: list[dict[str, str]], timeout: float = SUBPROCESS_TIMEOUT,
+    block: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
     """Run ``e2e_wrapper.py`` with ``cmd``'s last argument (the script) once per env, as children
     of the zygote, together, as torchrun runs its workers: when one fails the others are killed.
@@ -217,7 +222,7 @@ def _run_forked(
     zygote = Zygote.get()
     outputs = Path(tempfile.mkdtemp(prefix="e2e-outputs-"))  # not in cwd, where the script works
     files = [(outputs / f"{i}.out", outputs / f"{i}.err") for i in range(len(envs))]
-    children = [zygote.start(cmd[-1:], cwd, env, out, err) for env, (out, err) in zip(envs, files)]
+    children = [zygote.start(cmd[-1:], cwd, env, out, err, block=block) for env, (out, err) in zip(envs, files)]
     deadline = time.monotonic() + timeout
     timed_out = False
     while not all(c["done"].is_set() for c in children):
@@ -245,12 +250,76 @@ def _run_forked(
     return subprocess.CompletedProcess(cmd, code, out, err)
 
 
-def run_single_process(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+class Forked:
+    """A ``subprocess.Popen`` look-alike for what ``accelify verify`` starts (its ``start`` hook):
+    ``python -m MODULE ARGS`` forked from the zygote, or, for ``python -m torch.distributed.run
+    --nproc_per_node N ... -m MODULE ARGS``, the N workers torchrun would start with its
+    environment (ended together, as torchrun ends its workers when one fails)."""
+
+    def __init__(self, children: list[dict]) -> None:
+        self.children = children
+        self.pid = children[0]["pid"]
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            failed = [c for c in self.children if c["done"].is_set() and c["code"] != 0]
+            if failed:
+                self.kill()
+                for child in self.children:
+                    child["done"].wait(30)
+                self.returncode = failed[0]["code"]
+            elif all(c["done"].is_set() for c in self.children):
+                self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("forked", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def kill(self) -> None:
+        for child in self.children:
+            if not child["done"].is_set():
+                Zygote.kill(child)
+
+
+def start_forked(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str, *,
+                 block: tuple[str, ...] = ()):
+    """``accelify.verify``'s ``start`` hook for the tests: the command forked from the zygote when
+    it is ``python -m MODULE ...`` or torchrun of ``-m MODULE`` and the zygote accepts ``env``;
+    otherwise (and never with ``block``) what verify does itself."""
+    from accelify.verify import start_process
+
+    zygote = Zygote.get()
+    if cmd[:2] != [sys.executable, "-m"] or not zygote.accepts(env):
+        assert not block, f"cannot run {cmd} without {block}"
+        return start_process(cmd, cwd, env, stdout, stderr)
+    if cmd[2] == "torch.distributed.run":
+        options, module_at = cmd[3:], cmd.index("-m", 3)
+        workers = int(options[options.index("--nproc_per_node") + 1])
+        port = int(options[options.index("--master_port") + 1])
+        argv, module = cmd[module_at + 2:], cmd[module_at + 1]
+        envs = [_rank_env(env, rank, workers, port) for rank in range(workers)]
+    else:
+        argv, module, envs = cmd[3:], cmd[2], [env]
+    Path(stdout).write_bytes(b"")
+    Path(stderr).write_bytes(b"")
+    return Forked([zygote.start(argv, Path(cwd), e, Path(stdout), Path(stderr), module=module, append=True, block=block)
+                   for e in envs])
+
+
+def run_single_process(script: Path, env: dict[str, str], block: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`python script.py` (through the wrapper) in the script's directory: forked from the
-    zygote when ``env`` allows it (the same run, without importing torch again)."""
+    zygote when ``env`` allows it (the same run, without importing torch again). ``block``:
+    packages that are not installed for the run (forked runs only)."""
     cmd = [sys.executable, str(WRAPPER), script.name]
     if Zygote.get().accepts(env):
-        return _run_forked(cmd, script.parent, [env])
+        return _run_forked(cmd, script.parent, [env], block=block)
+    assert not block, "block= needs a forked run: see without_accelerate() for a subprocess"
     return run(cmd, script.parent, env)
 
 
@@ -322,17 +391,17 @@ class Run:
     traces: list[dict]
 
 
-def run_traced(script: Path, env: dict[str, str], processes: int = 1) -> Run:
+def run_traced(script: Path, env: dict[str, str], processes: int = 1, block: tuple[str, ...] = ()) -> Run:
     """Run `script` on one process or two CPU processes with the wrapper's trace on
     (tests/e2e_wrapper.py): what each rank printed and did. Fails the test when the
     run fails or a rank left no trace."""
     trace = script.parent / f"{script.stem}.{processes}p.trace"
     env = {**env, TRACE_VAR: str(trace)}
     if processes == 1:
-        proc = run_single_process(script, env)
+        proc = run_single_process(script, env, block)
         outputs = [proc.stdout]
     else:
-        assert processes == 2
+        assert processes == 2 and not block
         proc, outputs = run_two_cpu_processes(script, env, rank_stdout=True)
     assert_ok(proc)
     traces = []

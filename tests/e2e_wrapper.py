@@ -12,6 +12,7 @@ hooks watch it, and ``{prefix}.{rank}.json`` receives, when it ends:
   indices drawn, one list per pass over it: a prepared loader gives each rank its own shard;
 - ``saves``: every ``torch.save`` (``accelerator.save`` goes through it): the file name, the keys
   when it saved a dict, and a checksum of the tensors it saved;
+- ``accelerate_imported``: whether the run imported accelerate;
 - ``world`` (the size of the process group, at the end or when the script ended it) and ``rank``.
 
 With ``$E2E_RANK_STDOUT`` set, file descriptor 1 of each rank goes to ``{prefix}.{rank}``, so the
@@ -134,6 +135,7 @@ def _install_trace(worlds):
             ],
             "loaders": [{"dataset_len": e["dataset_len"], "epochs": e["epochs"]} for e in loaders.values()],
             "saves": saves,
+            "accelerate_imported": "accelerate" in sys.modules,
         }
 
     return report

@@ -13,7 +13,10 @@ What cannot change after the interpreter started (PYTHONHASHSEED, OMP_NUM_THREAD
 CUDA_VISIBLE_DEVICES, PYTHONPATH, a blocked ``accelerate``) is this process's own: the client
 sends only requests that agree with it and runs the others as plain subprocesses.
 
-Request: ``{"tag": n, "argv": [...], "cwd": ..., "env": {...}, "stdout": path, "stderr": path}``.
+Request: ``{"tag": n, "argv": [...], "cwd": ..., "env": {...}, "stdout": path, "stderr": path}``,
+optionally ``"module": name`` (run ``python -m name ARGV`` instead of the wrapper), ``"append":
+true`` (append to stdout/stderr) and ``"block": [package, ...]`` (those raise ModuleNotFoundError
+in the child, as where they are not installed).
 Replies: ``{"tag": n, "pid": pid}`` when the child started, ``{"tag": n, "code": c}`` when it
 ended (negative: killed by that signal). End of stdin: the children are killed, the server exits.
 
@@ -43,19 +46,28 @@ def _run_child(request, replies_fd):
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
+        mode = os.O_APPEND if request.get("append") else os.O_TRUNC
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o644)
             os.dup2(out, fd)
             os.close(out)
         import faulthandler
 
         # The client's signal for a run that timed out: every thread's stack to stderr, then it kills.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-        import e2e_wrapper
-
-        sys.argv = [e2e_wrapper.__file__, *request["argv"]]
+        for name in request.get("block", ()):
+            _block(name)
         try:
-            e2e_wrapper.main()
+            if request.get("module"):  # python -m MODULE ARGV
+                import runpy
+
+                sys.argv = [request["module"], *request["argv"]]
+                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            else:  # python e2e_wrapper.py ARGV
+                import e2e_wrapper
+
+                sys.argv = [e2e_wrapper.__file__, *request["argv"]]
+                e2e_wrapper.main()
             code = 0
         except SystemExit as stop:  # as the interpreter maps sys.exit(...) to an exit status
             if stop.code is None or isinstance(stop.code, int):
@@ -79,6 +91,26 @@ def _run_child(request, replies_fd):
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+class _Blocked:
+    """A finder for which a package is not installed: its import raises ModuleNotFoundError."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name or fullname.startswith(self.name + "."):
+            raise ModuleNotFoundError(f"No module named {fullname!r} (blocked by the test)", name=fullname)
+        return None
+
+
+def _block(name):
+    """Make ``name`` (a package this process imported) unimportable in this child, as where it is
+    not installed: forgotten from sys.modules, refused by a finder first on sys.meta_path."""
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[module]
+    sys.meta_path.insert(0, _Blocked(name))
 
 
 def main():

@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 from e2e import FIXTURES, STUBS, assert_ok, run_single_process, run_traced, script_env, without_accelerate  # noqa: E402
 
 from accelify.pipeline import Options, convert_source  # noqa: E402
+from test_e2e_scripts import RUNNABLE  # noqa: E402
 
 # An import of accelerate (not accelify.runtime) left in the converted code.
 _ACCELERATE_IMPORT = re.compile(r"^\s*(from\s+accelerate\b|import\s+accelerate\b)", re.MULTILINE)
@@ -90,3 +91,27 @@ def test_runtime_output_under_a_launcher_asks_for_accelerate(tmp_path):
     assert proc.returncode != 0
     assert "RuntimeError" in proc.stderr and "pip install accelerate" in proc.stderr
     assert "loss" not in proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_every_runnable_fixture_trains_the_same_under_the_stand_in_and_under_accelerate(tmp_path, name):
+    """`--target runtime` output of every runnable fixture, once with accelify.runtime's single-
+    process stand-in (accelerate not installed: blocked in the forked run) and once on
+    accelerate: the same printed losses and evaluations, optimizer steps, final weights,
+    batches and saves as each other and as the original."""
+    fixture = FIXTURES / name / "before.py"
+    converted = _convert(fixture)
+    runs = {}
+    for stem, text, block in (("before", fixture.read_text(encoding="utf-8"), ()), ("stand_in", converted, ("accelerate",)),
+                              ("accelerate", converted, ())):
+        (tmp_path / stem).mkdir()
+        (tmp_path / stem / "train.py").write_text(text, encoding="utf-8")
+        runs[stem] = run_traced(tmp_path / stem / "train.py", script_env(), block=block)
+    assert runs["stand_in"].traces[0]["accelerate_imported"] is False
+    assert runs["accelerate"].traces[0]["accelerate_imported"] is True
+    original = runs["before"]
+    assert "loss" in original.stdout[0].lower() and original.traces[0]["optimizers"]
+    for stem in ("stand_in", "accelerate"):
+        assert runs[stem].stdout[0] == original.stdout[0], stem
+        for key in ("optimizers", "loaders", "saves"):
+            assert runs[stem].traces[0][key] == original.traces[0][key], (stem, key)

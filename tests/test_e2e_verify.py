@@ -18,9 +18,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from e2e import FIXTURES, REPO, STUBS, run, script_env  # noqa: E402
+from e2e import FIXTURES, REPO, STUBS, run, script_env, start_forked  # noqa: E402
+from test_e2e_scripts import RUNNABLE  # noqa: E402
 
 from accelify.pipeline import convert_source  # noqa: E402
+from accelify.verify import verify  # noqa: E402
 
 
 def _verify(folder: Path, *args: str, env: dict[str, str] | None = None, expect: int = 0) -> dict:
@@ -137,3 +139,35 @@ def test_an_original_that_needs_a_gpu(tmp_path):
     assert "original" in result["message"] and "needs a GPU" in result["message"]
     assert result["original"]["returncode"] == 1 and result["original"]["stderr_tail"]
     assert result["converted"]["state"] == "ok"
+
+
+# Every runnable fixture of tests/test_e2e_scripts.py, and the DDP fixture whose original also runs
+# in one process without a launcher. The runs are forked from the tests' zygote (verify's `start`
+# hook, tests/e2e.py): the same commands, without importing torch again for each.
+_EVERY = sorted([*RUNNABLE, "ddp_single_gpu_path"])
+
+
+@pytest.mark.parametrize("name", _EVERY)
+def test_every_runnable_fixture_verifies_as_identical_and_runs_on_two_processes(tmp_path, name):
+    folder = _fixture(tmp_path, name)
+    result = verify("train.py", steps=4, processes=2, cwd=str(folder), env=script_env(), start=start_forked)
+    assert result.verdict == "identical", result.message
+    assert result.exit_code == 0
+    assert result.original.steps == result.converted.steps and result.original.steps[0] > 0
+    assert result.original.losses and len(result.rows) == len(result.original.losses)
+    assert result.distributed.verdict == "ok", result.distributed.message
+    ranks = result.distributed.run.steps
+    assert len(ranks) == 2 and ranks[0] == ranks[1] > 0
+    assert not [p.name for p in folder.iterdir() if p.name.startswith("_accelify_verify_")]
+
+
+def test_a_torchrun_original_is_reported_as_needing_a_launcher(tmp_path):
+    """A DDP original that reads RANK/WORLD_SIZE cannot run in one process: verify says so (not
+    "needs a GPU"), exits 3, and still runs the converted script in one process and in two."""
+    folder = _fixture(tmp_path, "ddp_torchrun_runnable")
+    result = verify("train.py", steps=4, processes=2, cwd=str(folder), env=script_env(), start=start_forked)
+    assert (result.verdict, result.exit_code) == ("failed", 3)
+    assert result.original.needs_launcher and not result.original.needs_gpu
+    assert "needs a launcher" in result.message and "--processes N" in result.message
+    assert result.converted.ok and result.converted.steps == [4]
+    assert result.distributed.verdict == "ok" and result.distributed.run.steps == [4, 4]
