@@ -71,6 +71,10 @@ def test_the_plain_torchrun_shape_converts():
          'print(os.environ["RANK"])\n', ['os.environ["RANK"]']),
         ('dist.init_process_group("nccl")\nsampler = DistributedSampler(dataset)\n'
          "loader = DataLoader(dataset, sampler=sampler)\nprint(len(sampler))\n", ["used for more than"]),
+        ("import argparse\nparser = argparse.ArgumentParser()\n"
+         'parser.add_argument("--local_rank", type=int, default=int(os.environ.get("RANK", 0)))\n'
+         'args = parser.parse_args()\ndist.init_process_group("nccl")\n'
+         "loader = DataLoader(dataset, sampler=DistributedSampler(dataset))\n", ["default of `--local_rank`"]),
     ],
 )
 def test_what_is_not_understood_refuses_the_whole_file_and_names_it(body, words):
@@ -143,3 +147,23 @@ def test_converted_code_is_left_as_it_is():
         """)
     again = convert_source(result.output, "train.py")
     assert again.output == result.output and not again.changes
+
+
+@pytest.mark.parametrize("default", ['int(os.environ.get("LOCAL_RANK", 0))', 'int(os.environ["LOCAL_RANK"])'])
+def test_a_local_rank_option_may_default_to_the_launchers_local_rank(default):
+    """torchrun passes no `--local_rank`: scripts default the option to LOCAL_RANK. The read stays
+    (the option too), and `args.local_rank` is the Accelerator's local rank."""
+    _, result = convert(f"""\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--local_rank", "--local-rank", type=int, default={default})
+        args = parser.parse_args()
+        dist.init_process_group("nccl")
+        loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+        if args.local_rank == 0:
+            print("ready")
+        """)
+    assert result.error is None and not result.findings, result.findings
+    assert f"default={default})" in result.output
+    assert "if accelerator.is_local_main_process:" in result.output
+    assert "init_process_group" not in result.output and "DistributedSampler" not in result.output

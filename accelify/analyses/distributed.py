@@ -143,6 +143,9 @@ class Distributed:
     #: the parsed arguments (``args = parser.parse_args()``) whose ``.local_rank`` (``--local_rank``,
     #: passed by ``torch.distributed.launch``) is the local rank: each read becomes the Accelerator's
     arg_ranks: set[Ref] = field(default_factory=set)
+    #: ids of the launcher reads that are such an option's default
+    #: (``add_argument("--local_rank", default=int(os.environ.get("LOCAL_RANK", 0)))``): left as they are
+    arg_defaults: set[int] = field(default_factory=set)
     #: the "rank 0 first" barrier pairs (``if local_rank != 0: barrier()`` ... ``if local_rank == 0:
     #: barrier()``): ids of the two ``if`` statements; what is between runs under ``main_process_first()``
     first: list[tuple[int, int]] = field(default_factory=list)
@@ -200,7 +203,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         dist.ranks[ref] = kind  # type: ignore[assignment]
         dist.rank_assigns.add(id(assigns[0]))
         handled.update(id(c) for c in findall(assigns[0].value, m.Call()))
-    why = arg_ranks(facts, plan, dist)
+    why = arg_ranks(facts, plan, dist, env_reads)
     if why is not None:
         return why
     spawns = [c for c in facts.calls if qualified_names(facts, c.func) & SPAWN]
@@ -219,6 +222,8 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
                 dist.remove.add(id(line))
                 continue
+        if id(read) in dist.arg_defaults:
+            continue
         if not inside(facts, read, dist.remove) and not inside(facts, read, dist.rank_assigns | set(dist.kept_assigns)):
             return (read, f"`{code_of(read)}` is read outside the process-group set-up accelify removes",
                     "use `accelerator.process_index` / `local_process_index` / `num_processes`")

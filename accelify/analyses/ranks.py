@@ -200,13 +200,25 @@ def main_flags_of(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[c
             dist.main_flags[ref] = found[0]
 
 
-def arg_ranks(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
+def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.BaseExpression]) -> Optional[Why]:
     """``parser.add_argument("--local_rank", ...)`` and ``args = parser.parse_args()``: ``args.local_rank``
-    is the local rank, where it is read as one (a placement, ``== 0``, ``!= 0``, ``in [-1, 0]``, a value)."""
+    is the local rank, where it is read as one (a placement, ``== 0``, ``!= 0``, ``in [-1, 0]``, a value).
+    Its default may be the launcher's ``LOCAL_RANK`` (``default=int(os.environ.get("LOCAL_RANK", 0))``,
+    for torchrun, which passes no ``--local_rank``): the same rank, the read is left as it is."""
     options = [c for c in facts.calls if m.matches(c.func, m.Attribute(attr=m.Name("add_argument")))
                and c.args and string_value(c.args[0].value) in ("--local_rank", "--local-rank")]
     if not options:
         return None
+    for option in options:
+        default = next((a.value for a in option.args if a.keyword is not None and a.keyword.value == "default"), None)
+        if default is None:
+            continue
+        for read in env_reads:
+            if any(read is n for n in findall(default, m.Subscript() | m.Call())):
+                if rank_source(facts, default, env_reads) != "local_process_index":
+                    return (read, f"`{code_of(default)}`, the default of `--local_rank`, is not the launcher's local rank",
+                            "use `default=int(os.environ.get(\"LOCAL_RANK\", 0))`, or `accelerator.local_process_index`")
+                dist.arg_defaults.add(id(read))
     for ref, assigns in facts.assigns.items():
         if any(m.matches(a.value, m.Call(func=m.Attribute(attr=m.Name("parse_args")))) for a in assigns):
             dist.arg_ranks.add(ref)
