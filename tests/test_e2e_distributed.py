@@ -26,6 +26,7 @@ CASES = {
     "ddp_kwargs_no_sync_runnable": ("torchrun", 4, 8),
     "ddp_local_rank_runnable": ("torchrun", 8, 16),  # --local_rank, the "rank 0 first" barrier pair
     "ddp_trainer_gpu_id_runnable": ("torchrun", 8, 16),  # the tutorial series' Trainer holding gpu_id
+    "ddp_module_level_runnable": ("torchrun", 8, 16),  # no functions at all
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 
