@@ -13,6 +13,7 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, Qualified
 
 from accelify.analysis import (
     assigned_names,
+    has_qname,
     assigned_values,
     key_at,
     classify_device,
@@ -30,6 +31,7 @@ from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
 from .base import AccelifyCodemod, accelerator_attr, is_noop
+from .data_parallel import DATA_PARALLEL
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
 _DEVICE_LIKE = re.compile(r"dev|gpu|cuda|rank", re.I)
@@ -215,13 +217,19 @@ class RemovePlacement(AccelifyCodemod):
         self._strip |= self._chain_strips(assign)
 
     def _chain_strips(self, assign: cst.Assign) -> set[int]:
-        """model = Net().to(device) / model = Net().cuda().half(): strip along the method chain."""
+        """model = Net().to(device) / model = Net().cuda().half(): strip along the method chain, and
+        into the wrapper ACC006 removes around the model (``DDP(Net().to(device), ...)``)."""
         out = set()
         node_ = assign.value
-        while isinstance(node_, cst.Call) and isinstance(node_.func, cst.Attribute):
-            if self._placement(node_):
-                out.add(id(node_))
-            node_ = node_.func.value
+        while isinstance(node_, cst.Call):
+            if isinstance(node_.func, cst.Attribute):
+                if self._placement(node_):
+                    out.add(id(node_))
+                node_ = node_.func.value
+            elif node_.args and has_qname(self, node_.func, DATA_PARALLEL):
+                node_ = node_.args[0].value
+            else:
+                break
         return out
 
     def _derived_at(self, node: cst.CSTNode) -> set[str]:
