@@ -77,6 +77,8 @@ FINDINGS: dict[str, str] = {
     "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator, or the `state_dict()` of a "
     "model handed in as a parameter accelify does not follow (an early-stopping callback's `save_checkpoint(self, "
     "val_loss, model)`): every process would write it, with the wrapper's `module.` keys; file left unchanged.",
+    "ACC130": "The script reads back the sampler a prepared DataLoader was built with (`len(loader.sampler)`): "
+    "after `prepare` the loader's `.sampler` is another one, over the whole dataset: file left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
 }

@@ -23,7 +23,7 @@ from libcst.metadata import MetadataWrapper
 from accelify import walk
 from accelify.analyses import (
     accelerator, data, devices, distributed, factories, gradient_accumulation, hazards, helpers, mixed_precision, objects,
-    prepare_point, schedulers,
+    prepare_point, samplers, schedulers,
 )
 from accelify.analyses.facts import KINDS, Facts
 from accelify.analysis import MODULE, RawFinding, Ref
@@ -222,6 +222,8 @@ def _decide(facts: Facts) -> Plan:
     if not hazards.backwards_in_reach(facts, plan):
         return plan
     if not data.training_data(facts, plan):
+        return plan
+    if not samplers.own_samplers(facts, plan):
         return plan
     wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
     mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)

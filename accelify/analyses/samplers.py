@@ -134,3 +134,57 @@ def sets_sampler_epoch(facts: Facts, dist: Distributed, call: cst.Call) -> bool:
     return isinstance(receiver, cst.Attribute) and receiver.attr.value == "sampler" and bool(
         findall(facts.module, m.Call(func=m.Attribute(attr=m.Name("DistributedSampler")) | m.Name("DistributedSampler")))
     )
+
+
+def own_samplers(facts: Facts, plan: Plan) -> bool:
+    """A DataLoader built with a sampler of its own (not a DistributedSampler, which ACC018 removes):
+    ``prepare`` shards its batches (and keeps a sampler with a ``generator`` in step across processes,
+    seeding it: ``SubsetRandomSampler`` and ``WeightedRandomSampler`` shard correctly), but the prepared
+    loader's ``.sampler`` is another one, over the whole dataset: ``len(loader.sampler)`` (the Udacity
+    notebooks' average) changes even in one process.  ACC130 then, file unchanged."""
+    loaders = plan.refs(plan.dataloaders)
+    for call in facts.calls:
+        if not has_qname(facts, call.func, DATALOADERS):
+            continue
+        arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "sampler"), None)
+        if arg is None and len(call.args) > 3 and all(a.keyword is None for a in call.args[:4]):
+            arg = call.args[3]  # DataLoader(dataset, batch_size, shuffle, sampler)
+        if arg is None or m.matches(arg.value, m.Name("None")):
+            continue
+        sampler = _sampler_call(facts, arg.value)
+        if sampler is not None and has_qname(facts, sampler.func, SAMPLERS):
+            continue  # a DistributedSampler: ACC018 removes it (or refuses the file)
+        holder = _loader_holder(facts, call)
+        if holder is None or holder not in loaders:
+            continue
+        for node in findall(facts.module, m.Attribute(attr=m.Name("sampler"))):
+            if ref_of(facts, node.value) != holder:  # type: ignore[attr-defined]
+                continue
+            facts.finding(
+                plan, node, "ACC130",
+                f"`{code_of(node)}` reads the sampler the DataLoader was built with; after `prepare` it is "
+                "another one, over the whole dataset (`len(...)` of it changes even in one process). File "
+                "not converted.",
+                f"read the sampler from what it was built with (`{code_of(arg.value)}`) instead",
+            )
+            return False
+    return True
+
+
+def _sampler_call(facts: Facts, value: cst.BaseExpression) -> Optional[cst.Call]:
+    """The sampler construction ``value`` is or names (a name bound once), else None."""
+    if isinstance(value, cst.Call):
+        return value
+    ref = ref_of(facts, value)
+    assigns = facts.assigns.get(ref, []) if ref is not None else []
+    if len(assigns) == 1 and isinstance(assigns[0].value, cst.Call):
+        return assigns[0].value
+    return None
+
+
+def _loader_holder(facts: Facts, call: cst.Call):
+    """The ref the DataLoader ``call`` is bound to (``loader = DataLoader(...)``), else None."""
+    parent = facts.get_metadata(ParentNodeProvider, call, None)
+    if isinstance(parent, cst.Assign):
+        return facts.single_target(parent)
+    return None
