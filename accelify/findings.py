@@ -55,8 +55,9 @@ FINDINGS: dict[str, str] = {
     "ACC120": "A method of the model itself (`model.encode(...)`) called in the training step after `prepare`: "
     "the DistributedDataParallel wrapper of a multi-process run does not have it, and the plain model would skip "
     "its gradient synchronisation; file left unchanged. Elsewhere ACC016 uses `accelerator.unwrap_model(model)`.",
-    "ACC121": "No DataLoader and no device in the script: `prepare` would move the model to the accelerator and "
-    "leave hand-made data on the CPU; file left unchanged.",
+    "ACC121": "No DataLoader and no device in the script, or no device and a tensor made by hand given to a "
+    "model (a GAN's noise): `prepare` would move the model to the accelerator and leave hand-made data on the CPU; "
+    "file left unchanged.",
     "ACC122": "A scheduler stepped both once per batch and outside the batch loop: no `prepare` choice keeps its "
     "learning rates those of one process; file left unchanged.",
     "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (built elsewhere, passed in, held "

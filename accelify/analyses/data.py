@@ -49,7 +49,49 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
             "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
         )
         return False
+    if not plan.devices and not plan.has_accelerator and ".cuda(" not in facts.module.code:
+        fed = _hand_made_input(facts, plan)
+        if fed is not None:
+            call, tensor = fed
+            facts.finding(
+                plan, call, "ACC121",
+                f"the script places nothing on a device and gives the model `{code_of(tensor)}`, a tensor it makes by "
+                "hand: `prepare` would move the model to the accelerator and leave that tensor on the CPU (on a GPU: "
+                "a device mismatch). File not converted.",
+                "move the tensors the script makes with `.to(accelerator.device)` by hand, or keep everything on the "
+                "CPU with `Accelerator(cpu=True)`.",
+            )
+            return False
     return True
+
+
+def _is_hand_made(facts: Facts, expr: cst.BaseExpression) -> bool:
+    """``torch.randn(...)``, ``torch.from_numpy(z).float()``: a tensor factory, through method calls on it."""
+    while isinstance(expr, cst.Call):
+        if has_qname(facts, expr.func, _TENSOR_FACTORIES):
+            return not any(a.keyword is not None and a.keyword.value == "device" for a in expr.args)
+        if not isinstance(expr.func, cst.Attribute):
+            return False
+        expr = expr.func.value
+    return False
+
+
+def _hand_made_input(facts: Facts, plan: Plan):
+    """(a call of a prepared model, the argument) where the argument is a tensor made by hand (directly,
+    or a name bound to one), else None."""
+    models = plan.flow["model"]
+    for call in facts.calls:
+        if ref_of(facts, call.func) not in models:
+            continue
+        for arg in call.args:
+            value = arg.value
+            if _is_hand_made(facts, value):
+                return call, value
+            ref = ref_of(facts, value)
+            assigns = facts.assigns.get(ref, []) if ref is not None else []
+            if any(_is_hand_made(facts, a.value) for a in assigns):
+                return call, value
+    return None
 
 
 def training_data(facts: Facts, plan: Plan) -> bool:
