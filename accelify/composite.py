@@ -265,7 +265,7 @@ TRIGGERS = frozenset({
     "to", "cuda", "cpu", "module", "backward", "save", "load", "state_dict", "load_state_dict", "save_pretrained",
     "from_pretrained", "print", "open", "download", "scale", "step", "update", "unscale_", "zero_grad", "device",
     "accelerator", "Accelerator", "tqdm", "trange", "makedirs", "mkdir", "exists", "isdir", "seed", "manual_seed",
-    "parameters", "named_parameters", "DataParallel", "DistributedDataParallel", "autocast", "GradScaler",
+    "parameters", "named_parameters", "DataParallel", "DistributedDataParallel", "autocast", "GradScaler", "numpy",
 })
 
 #: Skip the definitions nothing can change (see :meth:`Composite._inert`); off to compare.

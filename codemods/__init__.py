@@ -19,6 +19,7 @@ from .loading import Loading
 from .main_process import MainProcessOutput
 from .main_process_files import MainProcessFiles
 from .mixed_precision import MixedPrecision
+from .numpy_cpu import NumpyOnCpu
 from .placement import RemovePlacement
 from .prepare import Prepare
 from .saving import Saving
@@ -47,7 +48,7 @@ from .unwrap import UnwrapModelAttributes
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     RemovePlacement, DataParallel, Distributed, RemoveDevice, AcceleratorParameter, Prepare, GradientAccumulation,
     MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics, MainProcessFiles,
-    Seeding, AddAccelerator, MainProcessOutput,
+    Seeding, NumpyOnCpu, AddAccelerator, MainProcessOutput,
 )
 
 

@@ -65,7 +65,7 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     return True
 
 
-def _is_hand_made(facts: Facts, expr: cst.BaseExpression) -> bool:
+def is_hand_made(facts: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
     """``torch.randn(...)``, ``torch.from_numpy(z).float()``: a tensor factory, through method calls on it."""
     while isinstance(expr, cst.Call):
         if has_qname(facts, expr.func, _TENSOR_FACTORIES):
@@ -85,11 +85,11 @@ def _hand_made_input(facts: Facts, plan: Plan):
             continue
         for arg in call.args:
             value = arg.value
-            if _is_hand_made(facts, value):
+            if is_hand_made(facts, value):
                 return call, value
             ref = ref_of(facts, value)
             assigns = facts.assigns.get(ref, []) if ref is not None else []
-            if any(_is_hand_made(facts, a.value) for a in assigns):
+            if any(is_hand_made(facts, a.value) for a in assigns):
                 return call, value
     return None
 
