@@ -149,7 +149,8 @@ def test_converted_code_is_left_as_it_is():
     assert again.output == result.output and not again.changes
 
 
-@pytest.mark.parametrize("default", ['int(os.environ.get("LOCAL_RANK", 0))', 'int(os.environ["LOCAL_RANK"])'])
+@pytest.mark.parametrize("default", ['int(os.environ.get("LOCAL_RANK", 0))', 'int(os.environ["LOCAL_RANK"])',
+                                     "int(os.environ.get('LOCAL_RANK', -1))"])
 def test_a_local_rank_option_may_default_to_the_launchers_local_rank(default):
     """torchrun passes no `--local_rank`: scripts default the option to LOCAL_RANK. The read stays
     (the option too), and `args.local_rank` is the Accelerator's local rank."""

@@ -215,7 +215,7 @@ def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.B
             continue
         for read in env_reads:
             if any(read is n for n in findall(default, m.Subscript() | m.Call())):
-                if rank_source(facts, default, env_reads) != "local_process_index":
+                if not _launcher_local_rank(facts, default, read):
                     return (read, f"`{code_of(default)}`, the default of `--local_rank`, is not the launcher's local rank",
                             "use `default=int(os.environ.get(\"LOCAL_RANK\", 0))`, or `accelerator.local_process_index`")
                 dist.arg_defaults.add(id(read))
@@ -236,6 +236,21 @@ def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.B
         ):
             return parent, f"`{code_of(parent)}` tests for a run without a launcher (a single-process path too)", usage
     return None
+
+
+def _launcher_local_rank(facts: Facts, default: cst.BaseExpression, read: cst.BaseExpression) -> bool:
+    """``os.environ["LOCAL_RANK"]`` or ``os.environ.get("LOCAL_RANK", 0 or -1)``, maybe in ``int(...)``: the
+    launcher's local rank (without a launcher 0 or -1, which the script's rank tests read as "the main
+    process" or "no launcher": those tests are checked where ``args.local_rank`` is read)."""
+    if default is not read and not (
+        m.matches(default, m.Call(func=m.Name("int"), args=[m.Arg(keyword=None)])) and default.args[0].value is read  # type: ignore[attr-defined]
+    ):
+        return False
+    if env_key(facts, read) != "LOCAL_RANK":
+        return False
+    if isinstance(read, cst.Call) and len(read.args) > 1:
+        return code_of(read.args[1].value).strip("'\"") in ("0", "-1")
+    return True
 
 
 def propagate(facts: Facts, dist: Distributed) -> None:
