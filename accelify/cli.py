@@ -182,9 +182,12 @@ class _Run:
         error = result.error
         changed = result.changed
         if changed and (self.show_diff or self.output_format == "json"):
-            from accelify.diff import print_diff, unified_diff
+            from accelify.diff import notebook_diff, print_diff, unified_diff
 
-            diff = unified_diff(result.source, result.output, result.path)
+            if result.cells is not None:
+                diff = notebook_diff(result.cells, result.path)
+            else:
+                diff = unified_diff(result.source, result.output, result.path)
             if self.output_format == "json":
                 self.diffs[result.path] = diff
             if self.show_diff:

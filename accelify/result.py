@@ -34,6 +34,9 @@ class Result:
     changes: list[Change] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     error: Optional[str] = None
+    #: A notebook: (cell number, old source, new source) of each rewritten cell, for the diff
+    #: (``source``/``output`` are the whole notebook's text); None for a Python file.
+    cells: Optional[list[tuple[int, str, str]]] = None
 
     @property
     def changed(self) -> bool:
