@@ -285,6 +285,7 @@ class Masked:
     column: int = 0
     detail: str = ""
     hidden_training: int = 0  # a masked line magic that runs code mentioning training: its line
+    cell_magic: bool = False  # the first line is a (masked) %%time-style cell magic
 
 
 _HELP = re.compile(r"^\s*(?:\?\??\s*[\w.]+|[\w.]+(?:\(\))?\s*\?\??)\s*$")
@@ -321,12 +322,13 @@ def mask(text: str, tag: str) -> Masked:
     placeholders: dict[int, str] = {}
     originals: dict[str, str] = {}
     hidden = 0
+    cell_magic = False
 
     def put(index: int, block: bool) -> None:
         line = lines[index]
         body = line.rstrip("\r\n")
         indent = body[:len(body) - len(body.lstrip())]
-        name = f"{tag}m{len(originals)}"
+        name = f"{tag}m{len(originals)}."
         originals[name] = body
         statement = "pass  " if block and indent else ""
         placeholders[index] = f"{indent}{statement}# {name}{line[len(body):]}"
@@ -339,11 +341,12 @@ def mask(text: str, tag: str) -> Masked:
             return Masked(None, reason="language" if magic in OTHER_LANGUAGE_MAGICS else "magic",
                           line=first + 1, column=1, detail=f"%%{magic}")
         put(first, False)
+        cell_magic = True
     for _ in range(len(lines) + 1):
         current = "".join(placeholders.get(i, line) for i, line in enumerate(lines))
         error = _compiles(current)
         if error is None:
-            return Masked(current, originals, hidden_training=hidden)
+            return Masked(current, originals, hidden_training=hidden, cell_magic=cell_magic)
         index = (error.lineno or 0) - 1
         if not (0 <= index < len(lines)) or index in placeholders or not _ipython_line(lines[index]):
             return Masked(None, reason="syntax", line=error.lineno or 1, column=error.offset or 1,
@@ -488,11 +491,21 @@ def convert(text: str, path: str, options: Options, convert_python: Callable[[st
     changes = [_place_change(c, parts) for c in result.changes]
     error = _place_error(result.error, parts, path) if result.error else None
     if error or result.output == source:
-        return Result(path, text, text, findings=_sorted(findings), error=error)
+        notes = ["notebook launcher not added: nothing to convert"] if options.notebook_launcher and not error else []
+        return Result(path, text, text, findings=_sorted(findings), error=error, notes=notes)
 
     chunks = _split(result.output, markers)
     if chunks is None:
         return _internal(path, text, findings, "the conversion moved code across cells")
+    notes: list[str] = []
+    if options.notebook_launcher is not None:
+        chunks, note = _launch(chunks, parts, options.notebook_launcher)
+        notes.append(note)
+    # every placeholder once (--notebook-launcher moves code, and its placeholders, across cells)
+    originals = {name: line for part in parts for name, line in part.masked.originals.items()}
+    joined = "".join(chunks)
+    if any(joined.count(name) != 1 for name in originals):
+        return _internal(path, text, findings, "the conversion changed a masked IPython line")
     sources: dict[int, str] = {}
     diffs: list[tuple[int, str, str]] = []
     for part, chunk in zip(parts, chunks):
@@ -500,7 +513,7 @@ def convert(text: str, path: str, options: Options, convert_python: Callable[[st
         padded = body + ("\n" if body and not body.endswith("\n") else "")
         if chunk == padded:
             continue
-        new = unmask(chunk, part.masked.originals)
+        new = unmask(chunk, {name: line for name, line in originals.items() if name in chunk})
         if new is None:
             return _internal(path, text, findings, f"cell {part.cell.number}: the conversion changed a masked "
                                                    f"IPython line")
@@ -510,7 +523,24 @@ def convert(text: str, path: str, options: Options, convert_python: Callable[[st
         sources[part.cell.number] = new
         diffs.append((part.cell.number, part.cell.text, new))
     output = write(notebook, sources)
-    return Result(path, text, output, changes=sorted(changes, key=_order), findings=_sorted(findings), cells=diffs)
+    return Result(path, text, output, changes=sorted(changes, key=_order), findings=_sorted(findings), cells=diffs,
+                  notes=notes)
+
+
+def _launch(chunks: list[str], parts: list[_Part], processes: int) -> tuple[list[str], str]:
+    """``--notebook-launcher``: the chunks with the training code wrapped (unchanged if that cannot be done),
+    and the note saying what was done."""
+    from accelify.notebook_launcher import wrap
+
+    magic_line = {}
+    for i, (part, chunk) in enumerate(zip(parts, chunks)):
+        if part.masked.cell_magic:
+            line = chunk.split("\n", 1)[0] + "\n"
+            if not any(name in line for name in part.masked.originals):
+                return chunks, f"notebook launcher not added: cell {part.cell.number} lost its first line"
+            magic_line[i] = line
+    wrapped, note = wrap(chunks, [p.cell.number for p in parts], magic_line, processes)
+    return (wrapped if wrapped is not None else chunks), note
 
 
 def _split(output: str, markers: list[str]) -> Optional[list[str]]:

@@ -72,6 +72,7 @@ def report_json(results, diffs: dict, summary: str, stream: TextIO) -> None:
                 "changes": [c.to_dict() for c in result.changes],
                 "findings": [f.to_dict() for f in result.findings],
                 "diff": diffs.get(result.path, ""),
+                "notes": list(getattr(result, "notes", [])),
             }
         )
     json.dump({"files": files, "summary": summary}, stream, indent=2)

@@ -81,3 +81,40 @@ def test_converted_notebook_shards_its_data_on_two_processes(converted: str, tmp
         shards.append({i for batch in epochs[0] for i in batch})
     assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 64
     assert run.traces[0]["optimizers"][0]["checksum"] == run.traces[1]["optimizers"][0]["checksum"]
+
+
+def test_notebook_launcher_trains_on_two_cpu_processes(tmp_path) -> None:
+    """``--notebook-launcher 2``: the training function runs in two processes the launcher starts
+    (CPU, gloo), each on its half of the data; the notebook's own process trains nothing."""
+    from e2e import free_port, run_single_process
+
+    data = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    for cell in data["cells"]:  # the training cell without its %%time (a cell magic stays out of the function)
+        if cell["source"] and cell["source"][0] == "%%time\n":
+            cell["source"] = cell["source"][1:]
+    result = convert_text(json.dumps(data, indent=1), "train.ipynb", Options(notebook_launcher=2))
+    assert result.error is None and result.changed
+    [note] = result.notes
+    assert note.startswith("training code of cells 4, 5, 6, 9, 10 wrapped in `def training_function():` in cell 4")
+    script = kernel_script(result.output)
+    assert "notebook_launcher(training_function, num_processes=2)" in script
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    # Each process counts its optimizer steps in its own file; the launcher gets a free port.
+    prologue = (
+        "import functools, os\nimport accelerate\n"
+        "from torch.optim.optimizer import register_optimizer_step_post_hook\n"
+        "def _count(optimizer, args, kwargs):\n"
+        f"    with open(os.path.join({str(steps)!r}, 'rank' + os.environ.get('RANK', '-none')), 'a') as f:\n"
+        "        f.write('1\\n')\n"
+        "register_optimizer_step_post_hook(_count)\n"
+        f"accelerate.notebook_launcher = functools.partial(accelerate.notebook_launcher, use_port={str(free_port())!r})\n"
+    )
+    path = tmp_path / "launched.py"
+    path.write_text(prologue + script, encoding="utf-8")
+    proc = run_single_process(path, script_env(ACCELERATE_USE_CPU="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Launching training on 2 " in proc.stdout  # (accelerate names the device type "CUDA" on a CPU too)
+    counts = {p.name: len(p.read_text().split()) for p in steps.iterdir()}
+    assert counts == {"rank0": EPOCHS * BATCHES // 2, "rank1": EPOCHS * BATCHES // 2}, counts
+    assert proc.stdout.count("LOSSES ") == 1  # accelerator.print: rank 0

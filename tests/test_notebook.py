@@ -369,3 +369,62 @@ def test_cli_broken_notebook_is_an_error_exit_123(tmp_path: Path) -> None:
     proc = run("convert", "--check", "broken.ipynb", "train.ipynb", cwd=tmp_path)
     assert proc.returncode == 123
     assert b"broken.ipynb: cannot read notebook" in proc.stderr and b"would convert train.ipynb" in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# --notebook-launcher
+
+
+def test_notebook_launcher_wraps_the_training_code_in_a_function() -> None:
+    result = convert(BEFORE.read_text(encoding="utf-8"), "before.ipynb", notebook_launcher=2)
+    assert result.error is None and not result.findings
+    [note] = result.notes
+    assert note == ("training code of cells 6, 7, 9, 11, 12 wrapped in `def training_function():` in cell 6, "
+                    "started by `notebook_launcher(training_function, num_processes=2)` in cell 12; cells 7, 9, 11 "
+                    "emptied; `accelerator = Accelerator()` moved into it from cell 3")
+    cells = sources(result.output)
+    assert "from accelerate import Accelerator\nfrom accelerate import notebook_launcher\n" in cells[2]
+    assert "accelerator = Accelerator()" not in cells[2]  # created inside the function only
+    assert cells[5].startswith("def training_function():\n    accelerator = Accelerator()\n\n"
+                               "    train_dataloader = DataLoader(")
+    assert "\n    train_dataloader, eval_dataloader, model, optimizer = accelerator.prepare(\n" in cells[5]
+    assert "\n            accelerator.backward(loss)\n" in cells[5]
+    assert cells[6] == cells[8] == cells[9] == cells[10] == ""
+    assert cells[11] == "%%time\nnotebook_launcher(training_function, num_processes=2)"  # the magic times the launch
+    assert cells[12] == "model?"  # IPython-only cells stay where they are
+    compile(cells[5], "<cell>", "exec")
+    nbformat.validate(nbformat.reads(result.output, as_version=4))
+    again = convert(result.output, "before.ipynb", notebook_launcher=2)
+    assert again.output == result.output and not again.findings
+    assert again.notes == ["notebook launcher not added: nothing to convert"]
+
+
+def test_notebook_launcher_not_added_when_it_cannot_be_done_says_why() -> None:
+    loop = "%%time\n" + LOOP
+    text = make(IMPORTS, DATA, MODEL, loop, "print(loss)")
+    result = convert(text, notebook_launcher=2)
+    assert result.changed and "accelerator.backward(loss)" in sources(result.output)[3]  # converted all the same
+    assert result.notes == ["notebook launcher not added: cell 4 starts with a cell magic, which cannot go inside "
+                            "the training function"]
+    assert "notebook_launcher" not in result.output
+
+
+def test_notebook_launcher_takes_in_the_cells_its_code_needs() -> None:
+    # the loader `prepare` takes is built in cell 2 (with `size`, which cell 5 reads): the function
+    # starts there, and takes cell 5 in (`size` is the function's now)
+    text = make(IMPORTS, DATA + "\nsize = 8", MODEL, LOOP, "print(size)")
+    result = convert(text, notebook_launcher=2)
+    cells = sources(result.output)
+    assert cells[1].startswith("def training_function():\n") and cells[4] == "notebook_launcher(training_function, num_processes=2)"
+    namespace: dict = {}
+    exec(compile(cells[1], "<cell>", "exec"), namespace)  # defines, reads nothing it lacks
+    assert callable(namespace["training_function"])
+
+
+def test_cli_notebook_launcher_prints_what_it_did(project: Path) -> None:
+    proc = run("convert", "--notebook-launcher", "2", "train.ipynb", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "train.ipynb: training code of cells 6, 7, 9, 11, 12 wrapped in `def training_function():`" in proc.stderr.decode()
+    assert "+notebook_launcher(training_function, num_processes=2)\n" in proc.stdout.decode()
+    assert run("convert", "--notebook-launcher", "2", "--target", "runtime", "train.ipynb", cwd=project).returncode == 2
+    assert run("convert", "--notebook-launcher", "0", "train.ipynb", cwd=project).returncode == 2
