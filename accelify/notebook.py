@@ -237,6 +237,8 @@ def _source_json(notebook: Notebook, cell: Cell, new: str) -> str:
     text = notebook.text
     start, end = cell.span
     lines = [json.dumps(line, ensure_ascii=ascii_only) for line in split_lines(new)]
+    if len(cell.items) == 1 and "\n" in cell.text.rstrip("\n") and new:
+        lines = [json.dumps(new, ensure_ascii=ascii_only)]  # one string of many lines, as sphinx-gallery writes
     if cell.items:  # the layout of the list as it is
         first, last = cell.items[0], cell.items[-1]
         opening = text[start + 1:first[0]]

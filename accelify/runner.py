@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from accelify import precheck
 from accelify.io import SourceError, decode, read_source
@@ -33,16 +33,20 @@ class Outcome:
     encoding: str = "utf-8"
 
 
-def convert_text(text: str, path: str, options: Options, notebook: Optional[bool] = None) -> Result:
+def convert_text(text: str, path: str, options: Options) -> Result:
     """The conversion of one file's text; LibCST is imported only if the file may train.
 
-    A notebook (a ``.ipynb`` path, or ``notebook=True``) has its code cells converted as one
-    program (:mod:`accelify.notebook`)."""
-    if notebook if notebook is not None else path.endswith(".ipynb"):
-        from accelify import notebook as notebooks
-
-        return notebooks.convert(text, path, options, convert_python)
+    A notebook (a ``.ipynb`` path) has its code cells converted as one program
+    (:mod:`accelify.notebook`)."""
+    if path.endswith(".ipynb"):
+        return convert_notebook(text, path, options)
     return convert_python(text, path, options)
+
+
+def convert_notebook(text: str, path: str, options: Options) -> Result:
+    from accelify import notebook
+
+    return notebook.convert(text, path, options, convert_python)
 
 
 def convert_python(text: str, path: str, options: Options) -> Result:
@@ -60,12 +64,12 @@ def convert_path(path: str, options: Options) -> Outcome:
         source = decode(sys.stdin.buffer.read(), "<stdin>") if path == "-" else read_source(path)
     except SourceError as exc:
         return Outcome(Result("<stdin>" if path == "-" else path, "", "", error=str(exc)))
-    notebook = None
     if path == "-":  # a notebook's JSON on standard input is converted as a notebook
         from accelify.notebook import looks_like_notebook
 
-        notebook = looks_like_notebook(source.text)
-    return Outcome(convert_text(source.text, source.path, options, notebook), source.encoding)
+        if looks_like_notebook(source.text):
+            return Outcome(convert_notebook(source.text, source.path, options), source.encoding)
+    return Outcome(convert_text(source.text, source.path, options), source.encoding)
 
 
 def candidates(paths: Iterable[str], enough: int) -> int:

@@ -148,6 +148,24 @@ def test_layout_is_kept_and_only_sources_change(layout: dict) -> None:
     nbformat.validate(nbformat.reads(result.output, as_version=4))
 
 
+def test_a_list_of_one_string_of_many_lines_stays_one_string() -> None:
+    # sphinx-gallery (the PyTorch tutorials' notebooks) writes each source as one string in a list,
+    # with indent 2, ASCII escapes and an empty list on two lines
+    text = make(IMPORTS, DATA, MODEL, LOOP, "", indent=2, ensure_ascii=True)
+    data = json.loads(text)
+    for cell in data["cells"]:
+        cell["source"] = ["".join(cell["source"])] if cell["source"] else []
+    text = json.dumps(data, indent=2, ensure_ascii=True).replace('"source": []', '"source": [\n      ]')
+    result = convert(text)
+    out = json.loads(result.output)
+    loop = out["cells"][3]["source"]
+    assert len(loop) == 1 and "accelerator.backward(loss)" in loop[0]
+    data["cells"][0]["source"] = out["cells"][0]["source"]
+    data["cells"][2]["source"] = out["cells"][2]["source"]
+    data["cells"][3]["source"] = loop
+    assert result.output == json.dumps(data, indent=2, ensure_ascii=True).replace('"source": []', '"source": [\n      ]')
+
+
 def test_string_and_list_sources_keep_their_form() -> None:
     text = make(IMPORTS, DATA, MODEL, LOOP)
     data = json.loads(text)
