@@ -339,6 +339,8 @@ def verify(
         _usage(f"--format must be text or json, not {output_format!r}.")
     if not os.path.isfile(path):
         _usage(f"{path}: no such file.")
+    if path.endswith(".ipynb"):
+        _usage(f"{path}: verify runs Python scripts, not notebooks (jupyter nbconvert --to script makes one).")
     display = _VerifyDisplay(steps)
     try:
         with display:

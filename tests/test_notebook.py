@@ -446,3 +446,17 @@ def test_cli_notebook_launcher_prints_what_it_did(project: Path) -> None:
     assert "+notebook_launcher(training_function, num_processes=2)\n" in proc.stdout.decode()
     assert run("convert", "--notebook-launcher", "2", "--target", "runtime", "train.ipynb", cwd=project).returncode == 2
     assert run("convert", "--notebook-launcher", "0", "train.ipynb", cwd=project).returncode == 2
+
+
+def test_cli_verify_says_it_takes_scripts_not_notebooks(project: Path) -> None:
+    proc = run("verify", "train.ipynb", cwd=project)
+    assert proc.returncode == 2 and b"verify runs Python scripts, not notebooks" in proc.stderr
+
+
+def test_readme_notebook_examples_are_real_runs(project: Path, root: Path) -> None:
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    shown = readme.split("$ accelify convert train.ipynb\n", 1)[1].split("```", 1)[0]
+    assert run("convert", "train.ipynb", cwd=project).stdout.decode() == shown
+    note = readme.split("$ accelify convert --notebook-launcher 2 train.ipynb\n...\nwould convert train.ipynb\n", 1)[1]
+    note = note.split("```", 1)[0]
+    assert note in run("convert", "--notebook-launcher", "2", "train.ipynb", cwd=project).stderr.decode()
