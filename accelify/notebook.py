@@ -144,7 +144,7 @@ def read(text: str, path: str) -> Notebook:
     """The notebook in ``text``; NotebookError if it is not a version 4 notebook."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise NotebookError(f"{path}: cannot read notebook: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         version = data.get("nbformat") if isinstance(data, dict) else None
@@ -178,7 +178,7 @@ def read(text: str, path: str) -> Notebook:
 
     try:
         _walk_object(text, 0, top)
-    except (ValueError, IndexError, StopIteration) as exc:
+    except (ValueError, IndexError, StopIteration, RecursionError) as exc:
         raise NotebookError(f"{path}: cannot read notebook: {exc}") from exc
     if len(spans) != len(data["cells"]):
         raise NotebookError(f"{path}: cannot read notebook: its cells could not be located")
@@ -422,7 +422,16 @@ def _finding(path: str, cell: Cell, line: int, column: int, message: str, sugges
 
 
 def convert(text: str, path: str, options: Options, convert_python: Callable[[str, str, Options], Result]) -> Result:
-    """The conversion of a notebook's text (see the module's docstring)."""
+    """The conversion of a notebook's text (see the module's docstring); never raises on user input."""
+    try:
+        return _convert(text, path, options, convert_python)
+    except Exception as exc:  # a bug of ours must never cost the user a file
+        from accelify.result import brief
+
+        return Result(path, text, text, error=f"{path}: internal error, notebook left unchanged: {brief(exc)}")
+
+
+def _convert(text: str, path: str, options: Options, convert_python: Callable[[str, str, Options], Result]) -> Result:
     try:
         notebook = read(text, path)
     except NotebookError as exc:
@@ -522,6 +531,9 @@ def convert(text: str, path: str, options: Options, convert_python: Callable[[st
         new = _tidy(new, part.cell.text)
         if new == part.cell.text:
             continue
+        if part.masked.cell_magic and new.lstrip("\n").split("\n", 1)[0] != part.cell.text.lstrip("\n").split("\n", 1)[0]:
+            return _internal(path, text, findings, f"cell {part.cell.number}: its cell magic would no longer be its "
+                                                   f"first line")
         sources[part.cell.number] = new
         diffs.append((part.cell.number, part.cell.text, new))
     output = write(notebook, sources)

@@ -279,6 +279,10 @@ def test_a_writefile_cell_with_training_is_reported_the_rest_converted() -> None
     ("{not json", "cannot read notebook"),
     ('{"nbformat": 3, "worksheets": []}', "notebook format 3 is not supported"),
     ('{"cells": [{"cell_type": "code", "source": 3}], "nbformat": 4}', "neither a string nor a list"),
+    ('{"cells": [1, 2], "nbformat": 4}', "cannot read notebook"),
+    ('{"cells": [{"cell_type": "code"}], "nbformat": 4}', "cell 1 has no source"),
+    ("[" * 100000 + "]" * 100000, "cannot read notebook"),
+    ("", "cannot read notebook"),
 ])
 def test_a_file_that_is_no_notebook_is_an_error_never_a_traceback(text: str, message: str) -> None:
     result = convert(text)
@@ -460,3 +464,35 @@ def test_readme_notebook_examples_are_real_runs(project: Path, root: Path) -> No
     note = readme.split("$ accelify convert --notebook-launcher 2 train.ipynb\n...\nwould convert train.ipynb\n", 1)[1]
     note = note.split("```", 1)[0]
     assert note in run("convert", "--notebook-launcher", "2", "train.ipynb", cwd=project).stderr.decode()
+
+
+FRAGMENTS = [IMPORTS, DATA, MODEL, LOOP, "%matplotlib inline", "!pip install torch", "model?", "?model",
+             "%%time\nx = 1", "%%bash\nls", "print 'py2'", "x = (", "files = !ls", "%time y = 2", "",
+             "for b in loader:\n    break\nb", "    indented = 1", "%%writefile a.py\nloss.backward()",
+             "if True:\n    !echo hi", "'''doc\nstring'''", "# only a comment", "x = 1\n\n\n"]
+
+
+def test_any_mix_of_cells_never_raises_and_keeps_what_it_does_not_rewrite() -> None:
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=7), st.sampled_from(["list", "str"]), st.booleans())
+    def check(cells: list[str], form: str, training: bool) -> None:
+        if training:  # a notebook that trains, with the other cells around its cells
+            cells = [IMPORTS, *cells[:2], DATA, MODEL, *cells[2:4], LOOP, *cells[4:]]
+        text = make(*cells, form=form)
+        result = convert(text)
+        assert result.error is None or result.output == text
+        after = sources(result.output)
+        rewritten = {number for number, _, _ in (result.cells or [])}
+        for number, (old, new) in enumerate(zip(cells, after), 1):
+            assert new == old or number in rewritten
+        data_before, data_after = json.loads(text), json.loads(result.output)
+        for cell in data_before["cells"] + data_after["cells"]:
+            cell.pop("source")
+        assert data_before == data_after
+        if result.changed:
+            nbformat.validate(nbformat.reads(result.output, as_version=4))
+            assert convert(result.output).output == result.output
+
+    check()
