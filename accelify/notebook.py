@@ -454,27 +454,27 @@ def _convert(text: str, path: str, options: Options, convert_python: Callable[[s
             if masked.reason == "language":
                 left_out.append(_finding(
                     path, cell, masked.line, masked.column,
-                    f"The cell {what} and mentions training: left as it is, not converted.",
+                    f"the cell {what} and mentions training: left as it is, not converted.",
                     "convert the code it runs on its own (`accelify convert` on the file it writes)."))
                 continue
             if training:
                 refuse = True
                 left_out.append(_finding(
                     path, cell, masked.line, masked.column,
-                    f"The cell {what}, and it mentions training: notebook left unchanged (the rest converted "
+                    f"the cell {what}, and it mentions training: notebook left unchanged (the rest converted "
                     f"without it could train differently).",
                     "make the cell plain Python (or IPython syntax accelify masks: %magic, !shell, obj?)."))
             else:
                 left_out.append(_finding(
                     path, cell, masked.line, masked.column,
-                    f"The cell {what}: left as it is; the other cells are converted.",
+                    f"the cell {what}: left as it is; the other cells are converted.",
                     "make the cell plain Python if it belongs to the training code."))
             continue
         if masked.hidden_training:
             refuse = True
             left_out.append(_finding(
                 path, cell, masked.hidden_training, 1,
-                "A line magic runs code that mentions training, which accelify cannot see: notebook left unchanged.",
+                "a line magic runs code that mentions training, which accelify cannot see: notebook left unchanged.",
                 "write the code as plain Python (`%%time` as the cell's first line keeps the timing)."))
             continue
         parts.append(_Part(cell, masked))
