@@ -478,6 +478,8 @@ def _convert(text: str, path: str, options: Options, convert_python: Callable[[s
                 "write the code as plain Python (`%%time` as the cell's first line keeps the timing)."))
             continue
         parts.append(_Part(cell, masked))
+    if options.findings is not None and CODE not in options.findings:  # --select/--ignore
+        left_out = []
     if refuse or not parts:
         return Result(path, text, text, findings=_sorted(left_out))
 

@@ -248,6 +248,12 @@ def test_unparseable_cell_without_training_is_reported_and_the_rest_converted() 
     assert "accelerator.backward(loss)" in sources(result.output)[4]
 
 
+def test_ignored_acc130_is_not_reported() -> None:
+    text = make(IMPORTS, "print 'not python 3'", DATA, MODEL, LOOP)
+    result = convert(text, findings=frozenset({"ACC124"}))
+    assert result.changed and not result.findings
+
+
 def test_unparseable_cell_with_training_leaves_the_notebook_unchanged() -> None:
     broken = LOOP.replace("for x in loader:", "for x in loader")
     text = make(IMPORTS, DATA, MODEL, broken)
