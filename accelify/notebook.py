@@ -21,7 +21,7 @@ Nothing here imports LibCST or torch: the program is handed to the same conversi
 
 A cell left out of the program (it does not parse, or is another language) stays as it is. If it
 mentions training (the pre-check's text test), converting the rest could train differently
-(its loop would not see ``prepare``), so the whole notebook is left unchanged with ACC130;
+(its loop would not see ``prepare``), so the whole notebook is left unchanged with ACC140;
 otherwise the rest is converted and the cell reported. Nothing here raises on user input.
 """
 
@@ -39,7 +39,7 @@ from accelify.result import Options, Result
 
 #: The finding for a cell the conversion cannot see (it does not parse, is another language, or
 #: runs code through a magic).
-CODE = "ACC130"
+CODE = "ACC140"
 
 #: Cell magics whose body is Python run in the kernel: only the ``%%`` line is masked.
 PYTHON_BODY_MAGICS = frozenset({"time", "timeit", "capture", "prun"})

@@ -242,7 +242,7 @@ def test_unparseable_cell_without_training_is_reported_and_the_rest_converted() 
     text = make(IMPORTS, "print 'not python 3'", DATA, MODEL, LOOP)
     result = convert(text)
     assert result.error is None and result.changed
-    assert [(f.code, f.cell, f.line) for f in result.findings] == [("ACC130", 2, 1)]
+    assert [(f.code, f.cell, f.line) for f in result.findings] == [("ACC140", 2, 1)]
     assert "left as it is; the other cells are converted" in result.findings[0].message
     assert sources(result.output)[1] == "print 'not python 3'"
     assert "accelerator.backward(loss)" in sources(result.output)[4]
@@ -260,7 +260,7 @@ def test_unparseable_cell_with_training_leaves_the_notebook_unchanged() -> None:
     result = convert(text)
     assert result.error is None and not result.changed and result.output == text
     [finding] = result.findings
-    assert (finding.code, finding.cell, finding.line) == ("ACC130", 4, 1)
+    assert (finding.code, finding.cell, finding.line) == ("ACC140", 4, 1)
     assert "notebook left unchanged" in finding.message
     assert finding.render().startswith("train.ipynb:cell 4:1:")
 
@@ -269,14 +269,14 @@ def test_a_line_magic_that_runs_training_code_leaves_the_notebook_unchanged() ->
     text = make(IMPORTS, DATA, MODEL, "def train():\n" + "\n".join("    " + l for l in LOOP.splitlines()),
                 "%time train()\n%timeit loss.backward()")
     result = convert(text)
-    assert not result.changed and [(f.code, f.cell, f.line) for f in result.findings] == [("ACC130", 5, 2)]
+    assert not result.changed and [(f.code, f.cell, f.line) for f in result.findings] == [("ACC140", 5, 2)]
 
 
 def test_a_writefile_cell_with_training_is_reported_the_rest_converted() -> None:
     text = make(IMPORTS, DATA, MODEL, LOOP, "%%writefile other.py\nloss.backward()")
     result = convert(text)
     assert result.changed and sources(result.output)[4] == "%%writefile other.py\nloss.backward()"
-    assert [(f.code, f.cell) for f in result.findings] == [("ACC130", 5)]
+    assert [(f.code, f.cell) for f in result.findings] == [("ACC140", 5)]
     # a shell cell that does not train is no finding
     assert not convert(make(IMPORTS, DATA, MODEL, LOOP, "%%bash\nls")).findings
 
