@@ -248,7 +248,7 @@ def test_unparseable_cell_without_training_is_reported_and_the_rest_converted() 
     assert "accelerator.backward(loss)" in sources(result.output)[4]
 
 
-def test_ignored_acc130_is_not_reported() -> None:
+def test_ignored_acc140_is_not_reported() -> None:
     text = make(IMPORTS, "print 'not python 3'", DATA, MODEL, LOOP)
     result = convert(text, findings=frozenset({"ACC124"}))
     assert result.changed and not result.findings
