@@ -78,6 +78,11 @@ def convert(
         "accelerate", "--target",
         help="Where added imports come from: accelerate, or runtime (accelify.runtime: runs without accelerate installed).",
     ),
+    notebook_launcher: Optional[int] = typer.Option(
+        None, "--notebook-launcher", min=1, metavar="N",
+        help="Notebooks: wrap the training code in def training_function(): started by "
+             "notebook_launcher(training_function, num_processes=N).",
+    ),
 ) -> None:
     """Convert training scripts; by default print a unified diff and write nothing."""
     from accelify.result import TARGETS, Options
@@ -93,6 +98,8 @@ def convert(
         _usage(f"--format must be text, json or github, not {output_format!r}.")
     if target not in TARGETS:
         _usage(f"--target must be accelerate or runtime, not {target!r}.")
+    if notebook_launcher is not None and target != "accelerate":
+        _usage("--notebook-launcher imports notebook_launcher from accelerate: it needs --target accelerate.")
     codemods, finding_codes = _selection(select, ignore)
     files = list(iter_python_files(paths))
     if output is not None and len(files) != 1:
@@ -104,7 +111,8 @@ def convert(
     if show_diff and output_format == "json":
         _usage("--diff with --format json: the diffs are in the JSON already.")
     use_color = color if color is not None else sys.stdout.isatty()
-    options = Options(line_length=line_length, select=codemods, findings=finding_codes, target=target)
+    options = Options(line_length=line_length, select=codemods, findings=finding_codes, target=target,
+                      notebook_launcher=notebook_launcher)
     if jobs is None:
         jobs = os.cpu_count() or 1
 
@@ -148,6 +156,7 @@ class _Record:
     changed: bool
     changes: "list[Change]"
     findings: "list[Finding]"
+    notes: "list[str]" = field(default_factory=list)
 
 
 @dataclass
@@ -182,9 +191,12 @@ class _Run:
         error = result.error
         changed = result.changed
         if changed and (self.show_diff or self.output_format == "json"):
-            from accelify.diff import print_diff, unified_diff
+            from accelify.diff import notebook_diff, print_diff, unified_diff
 
-            diff = unified_diff(result.source, result.output, result.path)
+            if result.cells is not None:
+                diff = notebook_diff(result.cells, result.path)
+            else:
+                diff = unified_diff(result.source, result.output, result.path)
             if self.output_format == "json":
                 self.diffs[result.path] = diff
             if self.show_diff:
@@ -203,6 +215,8 @@ class _Run:
                     self.say(f"  run it with `accelerate launch --num_processes N {result.path}` (N processes, one "
                              f"per GPU; `torchrun --nproc_per_node N {result.path}` works as before)")
             if self.output_format == "text":
+                for note in result.notes:
+                    self.say(f"  {result.path}: {note}")
                 for finding in result.findings:
                     self.say(finding.render())
         else:
@@ -210,7 +224,7 @@ class _Run:
         self.errors += error is not None
         self.changed += changed
         if self.keep:
-            self.records.append(_Record(result.path, error, changed, result.changes, result.findings))
+            self.records.append(_Record(result.path, error, changed, result.changes, result.findings, result.notes))
 
     def _write(self, text: str, path: str, encoding: str, changed: bool) -> Optional[str]:
         """Write the converted text where asked; the error, if that failed."""
@@ -325,6 +339,8 @@ def verify(
         _usage(f"--format must be text or json, not {output_format!r}.")
     if not os.path.isfile(path):
         _usage(f"{path}: no such file.")
+    if path.endswith(".ipynb"):
+        _usage(f"{path}: verify runs Python scripts, not notebooks (jupyter nbconvert --to script makes one).")
     display = _VerifyDisplay(steps)
     try:
         with display:

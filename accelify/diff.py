@@ -25,6 +25,20 @@ def unified_diff(old: str, new: str, path: str) -> str:
     return "".join(out)
 
 
+def notebook_diff(cells: "list[tuple[int, str, str]]", path: str) -> str:
+    """One unified diff per rewritten cell of a notebook, headed ``--- train.ipynb (cell 5)`` as
+    nbdime names cells; not a diff of the JSON (whose lines are quoted strings)."""
+    label = path if path != "<stdin>" else "stdin"
+    out = []
+    for number, old, new in cells:
+        name = f"{label} (cell {number})"
+        # A cell has no end of file: its last line is compared as a line (no "No newline" marks).
+        old_lines = [line if line.endswith("\n") else line + "\n" for line in old.splitlines(keepends=True)]
+        new_lines = [line if line.endswith("\n") else line + "\n" for line in new.splitlines(keepends=True)]
+        out += difflib.unified_diff(old_lines, new_lines, name, name, n=3)
+    return "".join(out)
+
+
 _STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"), ("\\", "dim"))
 
 

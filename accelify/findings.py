@@ -82,4 +82,9 @@ FINDINGS: dict[str, str] = {
     "after `prepare` the loader's `.sampler` is another one, over the whole dataset: file left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
+    # ACC14x: notebooks (ACC13x is left to the analysis of scripts).
+    "ACC140": "A notebook cell accelify cannot read as Python even with IPython syntax masked (a syntax error, an "
+    "unknown cell magic), or a line magic that runs training code (`%time train()`): if the cell mentions training "
+    "the whole notebook is left unchanged, otherwise the cell is left as it is and the rest converted. A cell of "
+    "another language (`%%bash`, `%%writefile`) that mentions training is left as it is and reported.",
 }

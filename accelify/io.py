@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 # Directories nobody wants converted, as black skips them by default.
 SKIP_DIRS = frozenset(
     {".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".nox", ".tox", ".venv", "venv",
-     "__pycache__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages"}
+     "__pycache__", ".ipynb_checkpoints", "_build", "buck-out", "build", "dist", "node_modules", "site-packages"}
 )
 
 
@@ -71,8 +71,8 @@ def write_atomic(path: str, text: str, encoding: str) -> None:
 
 
 def iter_python_files(paths: Iterable[str]) -> Iterator[str]:
-    """Files as given; directories expanded to their ``*.py`` files, sorted, skipping tool folders
-    and links to files outside the directory.
+    """Files as given; directories expanded to their ``*.py`` and ``*.ipynb`` files, sorted, skipping
+    tool folders (``.ipynb_checkpoints`` too) and links to files outside the directory.
 
     A file reached twice (given twice, or through symbolic links) comes once, under the first
     of its names; standard input ('-') is never merged.
@@ -97,7 +97,7 @@ def _expand(paths: Iterable[str]) -> Iterator[str]:
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
             for name in sorted(files):
                 path = os.path.join(root, name)
-                if name.endswith(".py") and not _leaves(path, top):
+                if name.endswith((".py", ".ipynb")) and not _leaves(path, top):
                     yield path
 
 

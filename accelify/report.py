@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional, TextIO
 
 
@@ -14,6 +14,8 @@ class Change:
     line: int
     code: str
     message: str
+    #: In a notebook: the cell (1-based, over all its cells) ``line`` is a line of; else None.
+    cell: Optional[int] = field(default=None, compare=False)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -29,12 +31,15 @@ class Finding:
     code: str
     message: str
     suggestion: str = ""
+    #: In a notebook: the cell (1-based, over all its cells) ``line`` is a line of; else None.
+    cell: Optional[int] = field(default=None, compare=False)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def render(self) -> str:
-        text = f"{self.path}{_position(self.line, self.column, ':{}:{}', ':{}')}: {self.code} {self.message}"
+        where = f":cell {self.cell}" if self.cell is not None else ""
+        text = f"{self.path}{where}{_position(self.line, self.column, ':{}:{}', ':{}')}: {self.code} {self.message}"
         if self.suggestion:
             text += f" Suggestion: {self.suggestion}"
         return text
@@ -67,6 +72,7 @@ def report_json(results, diffs: dict, summary: str, stream: TextIO) -> None:
                 "changes": [c.to_dict() for c in result.changes],
                 "findings": [f.to_dict() for f in result.findings],
                 "diff": diffs.get(result.path, ""),
+                "notes": list(getattr(result, "notes", [])),
             }
         )
     json.dump({"files": files, "summary": summary}, stream, indent=2)
@@ -84,6 +90,8 @@ def _error_position(path: str, error: str) -> tuple[Optional[int], Optional[int]
     if not error.startswith(path + ":"):
         return None, None, error
     rest = error[len(path) + 1:]
+    if rest.startswith("cell "):  # a notebook's cell: its lines are no lines of the .ipynb file
+        return None, None, rest
     found = re.match(r"(\d+)(?::(\d+))?: ", rest)
     if found is None:
         return None, None, rest.lstrip()
@@ -101,6 +109,9 @@ def report_github(results, stream: TextIO) -> None:
         for f in result.findings:
             message = f.message + (f" Suggestion: {f.suggestion}" if f.suggestion else "")
             position = _position(f.line, f.column, ",line={},col={}", ",line={}")
+            if f.cell is not None:  # a line of a cell is no line of the .ipynb file: named in the message
+                message = f"cell {f.cell}{_position(f.line, f.column, ', line {}, column {}', ', line {}')}: {message}"
+                position = ""
             stream.write(
                 f"::warning file={_escape(f.path, True)}{position},"
                 f"title={_escape('accelify ' + f.code, True)}::{_escape(message)}\n"

@@ -20,6 +20,9 @@ class Options:
     #: Accelerator``) or ``"runtime"`` (``from accelify.runtime import Accelerator``, which runs
     #: where accelerate is not installed).
     target: str = "accelerate"
+    #: Notebooks: wrap the training code in ``def training_function():`` started by
+    #: ``notebook_launcher(training_function, num_processes=N)`` (``None``: not done).
+    notebook_launcher: Optional[int] = None
 
 
 #: ``Options.target`` values.
@@ -34,6 +37,11 @@ class Result:
     changes: list[Change] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     error: Optional[str] = None
+    #: A notebook: (cell number, old source, new source) of each rewritten cell, for the diff
+    #: (``source``/``output`` are the whole notebook's text); None for a Python file.
+    cells: Optional[list[tuple[int, str, str]]] = None
+    #: What else was done, or not done, for the user to read (``--notebook-launcher``).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:

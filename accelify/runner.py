@@ -34,7 +34,23 @@ class Outcome:
 
 
 def convert_text(text: str, path: str, options: Options) -> Result:
-    """The conversion of one file's text; LibCST is imported only if the file may train."""
+    """The conversion of one file's text; LibCST is imported only if the file may train.
+
+    A notebook (a ``.ipynb`` path) has its code cells converted as one program
+    (:mod:`accelify.notebook`)."""
+    if path.endswith(".ipynb"):
+        return convert_notebook(text, path, options)
+    return convert_python(text, path, options)
+
+
+def convert_notebook(text: str, path: str, options: Options) -> Result:
+    from accelify import notebook
+
+    return notebook.convert(text, path, options, convert_python)
+
+
+def convert_python(text: str, path: str, options: Options) -> Result:
+    """The conversion of a Python file's text (or of a notebook's code cells as one program)."""
     if not precheck.needs_analysis(text):
         return Result(path, text, text, error=precheck.syntax_error(text, path))
     from accelify.pipeline import convert_source
@@ -48,6 +64,11 @@ def convert_path(path: str, options: Options) -> Outcome:
         source = decode(sys.stdin.buffer.read(), "<stdin>") if path == "-" else read_source(path)
     except SourceError as exc:
         return Outcome(Result("<stdin>" if path == "-" else path, "", "", error=str(exc)))
+    if path == "-":  # a notebook's JSON on standard input is converted as a notebook
+        from accelify.notebook import looks_like_notebook
+
+        if looks_like_notebook(source.text):
+            return Outcome(convert_notebook(source.text, source.path, options), source.encoding)
     return Outcome(convert_text(source.text, source.path, options), source.encoding)
 
 

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAST = ["tests/", "--ignore=tests/test_e2e_scripts.py", "--ignore=tests/test_e2e_docs.py"]
 E2E = ["tests/test_e2e_scripts.py"]
 E2E_DIST = ["tests/test_e2e_distributed.py"]
+NOTEBOOKS = ["tests/test_notebook.py", "tests/test_e2e_notebook.py"]
 
 
 @dataclass(frozen=True)
@@ -391,6 +392,49 @@ MUTANTS = [
         "codemods/distributed.py",
         "            return self._no_sync(original_node, updated_node)\n",
         "            return updated_node\n",
+    ),
+    # --- notebooks
+    Mutant(
+        "notebook-masked-line-loses-indent", "a `!cmd` moved into a block by the rewrite comes back at its old indentation",
+        "accelify/notebook.py",
+        "        lines[where[0]] = indent + original[len(old_indent):] + line[len(body):]\n",
+        "        lines[where[0]] = original + line[len(body):]\n",
+        tests=tuple(NOTEBOOKS),
+    ),
+    Mutant(
+        "notebook-finding-not-in-cell", "findings name lines of the hidden program, not the cell",
+        "accelify/notebook.py",
+        "    cell, line = _locate(parts, finding.line)\n    return replace(finding, line=line, cell=cell)\n",
+        "    return finding\n",
+        tests=tuple(NOTEBOOKS),
+    ),
+    Mutant(
+        "notebook-converted-around-training-cell", "a training cell that does not parse is skipped and the rest converted",
+        "accelify/notebook.py",
+        "            if training:\n                refuse = True\n",
+        "            if training:\n                refuse = False\n",
+        tests=tuple(NOTEBOOKS),
+    ),
+    Mutant(
+        "notebook-string-source-becomes-list", "a source written as a string is written back as a list",
+        "accelify/notebook.py",
+        '    if cell.form == "str":\n',
+        "    if False:\n",
+        tests=tuple(NOTEBOOKS),
+    ),
+    Mutant(
+        "notebook-list-layout-lost", "rewritten sources laid out on one line: every line of the JSON diff changes",
+        "accelify/notebook.py",
+        "        opening = text[start + 1:first[0]]\n",
+        '        opening = ""\n',
+        tests=tuple(NOTEBOOKS),
+    ),
+    Mutant(
+        "notebook-launcher-accelerator-left-outside", "the Accelerator created before notebook_launcher: it refuses to launch",
+        "accelify/notebook_launcher.py",
+        "        chunks[home] = _cut(chunks[home], creation.lineno, creation.end_lineno or creation.lineno)\n",
+        "        pass\n",
+        tests=tuple(NOTEBOOKS),
     ),
 ]
 
