@@ -98,7 +98,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     """
     if ref_of(visitor, peel_iterable(visitor, loop.iter)) not in plan.flow["loader"]:
         return None
-    if findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))):
+    if findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))) or _gathers(loop, plan):
         return None
     rows = list(_statements(loop.body))
     derived = set(assigned_names(loop.target))  # anything computed from the batch
@@ -216,6 +216,28 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     if not names:
         return None
     return Gather(block, statement, names, values, replace)
+
+
+#: What a script already on Accelerate calls to collect its metrics itself.
+_ACCELERATE_ONLY = frozenset({"pad_across_processes", "gather_object"})
+_ACCELERATOR_METHODS = frozenset({"gather", "reduce"})
+
+
+def _gathers(loop: cst.For, plan: Plan) -> bool:
+    """The loop collects across processes itself (``accelerator.gather(...)``,
+    ``accelerator.pad_across_processes(...)``: the course's token classification): a second gather
+    would count every sample N times over."""
+    spellings = {plan.accelerator, "accelerator", "self.accelerator"}
+    for node in findall(loop.body, m.Attribute()):
+        attr = node.attr.value  # type: ignore[attr-defined]
+        if attr in _ACCELERATE_ONLY:
+            return True
+        receiver = node.value  # type: ignore[attr-defined]
+        spelled = receiver.value if isinstance(receiver, cst.Name) else (
+            f"self.{receiver.attr.value}" if m.matches(receiver, m.Attribute(value=m.Name("self"))) else None)
+        if attr in _ACCELERATOR_METHODS and spelled in spellings:
+            return True
+    return False
 
 
 def _part_of(visitor: cst.MetadataDependent, name: cst.Name) -> Optional[cst.BaseExpression]:

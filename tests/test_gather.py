@@ -135,3 +135,12 @@ def test_gathered_values_used_by_other_code_are_refused() -> None:
     assert result.output == source
     finding = next(f for f in result.findings if f.code == "ACC114")
     assert "(`out`) are also used by code that is not a metric" in finding.message
+
+
+def test_a_tensor_gather_in_the_loop_is_no_gather_across_processes() -> None:
+    """`out.gather(1, idx)` is torch's gather along a dimension: the metrics still need
+    gather_for_metrics (only the accelerator's gather, reduce or pad_across_processes mean the
+    script collects across processes itself: fixtures/noop/already_gathers_itself.py)."""
+    source = SCRIPT.replace("        mse = criterion(out, y)\n", "        out = out.gather(1, idx)\n        mse = criterion(out, y)\n")
+    result = convert(source)
+    assert "        out, y = accelerator.gather_for_metrics((out, y))\n" in result.output
