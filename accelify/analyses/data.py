@@ -110,7 +110,8 @@ def training_data(facts: Facts, plan: Plan) -> bool:
             if isinstance(node, cst.For):
                 loops.append(node)
             node = facts.get_metadata(ParentNodeProvider, node, None)
-        if not loops or any(_prepared_data(facts, plan, loop.iter, 0) for loop in loops):
+        if not loops or any(_prepared_data(facts, plan, loop.iter, 0) or _bound_by_prepare(facts, loop.iter)
+                            for loop in loops):
             continue
         for loop in loops:
             if _loader_like(facts, loop.iter, set()):
@@ -159,6 +160,22 @@ def _prepared_data(facts: Facts, plan: Plan, expr: cst.BaseExpression, depth: in
     if isinstance(expr, cst.Call) and depth < 4:
         return any(_prepared_data(facts, plan, arg.value, depth + 1) for arg in expr.args[:1])
     return depth < 4 and any(_prepared_data(facts, plan, v, depth + 1) for v in facts.bound_values(expr))
+
+
+def _bound_by_prepare(facts: Facts, expr: cst.BaseExpression) -> bool:
+    """Is ``expr`` a name the script binds from its own ``accelerator.prepare(...)`` (code already on
+    Accelerate: ``model, optimizer, train_dataloader = accelerator.prepare(...)``)?"""
+    expr = peel_iterable(facts, expr)
+    if not isinstance(expr, cst.Name):
+        return False
+    scope = facts.get_metadata(ScopeProvider, expr, None)
+    for assignment in scope[expr.value] if scope is not None else ():
+        node = getattr(assignment, "node", None)
+        while node is not None and not isinstance(node, (cst.Assign, cst.BaseStatement)):
+            node = facts.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(node, cst.Assign) and m.matches(node.value, m.Call(func=m.Attribute(attr=m.Name("prepare")))):
+            return True
+    return False
 
 
 def _loader_like(facts: Facts, expr: cst.BaseExpression, seen: set[int]) -> bool:
