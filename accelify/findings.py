@@ -69,7 +69,7 @@ FINDINGS: dict[str, str] = {
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
     "from a factory): file left unchanged.",
     "ACC126": "A script that manages its own processes with something accelify does not convert (an `mp.spawn`ed "
-    "worker also called directly, `all_gather`, `broadcast`, process subgroups, FSDP, `require_backward_grad_sync`, "
+    "worker also called directly, an `all_gather` of evaluation counts or into a list not built for it, `broadcast`, process subgroups, FSDP, `require_backward_grad_sync`, "
     "gradients all-reduced by hand, a rank with a single-process default): the "
     "finding names it; file left unchanged (half a conversion would wrap the model or shard the data twice).",
     "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "

@@ -28,7 +28,8 @@ class Distributed(AccelifyCodemod):
     ``accelerator.is_main_process``, a placement on it goes).  A ``DistributedSampler`` goes,
     its ``shuffle`` moving to the DataLoader (``prepare`` shards the data and sets the epoch);
     ``dist.barrier()`` -> ``accelerator.wait_for_everyone()``, ``dist.all_reduce(t)`` ->
-    ``t = accelerator.reduce(t, reduction="sum")``, ``model.no_sync()`` ->
+    ``t = accelerator.reduce(t, reduction="sum")``, ``dist.all_gather(parts, t)`` (into a list built
+    for it) -> ``parts = list(accelerator.gather(t[None]))``, ``model.no_sync()`` ->
     ``accelerator.no_sync(model)``.  The ``DistributedDataParallel`` wrapper
     is removed by ACC006.  A script with anything else distributed is left unchanged (ACC126).
 
@@ -122,6 +123,15 @@ class Distributed(AccelifyCodemod):
                 return self._unreachable(original_node, updated_node)
             return self._rewrite(original_node, updated_node, f'{tensor} = {accelerator}.reduce({tensor}, reduction="{op}")',
                                  f"`all_reduce({tensor})` -> `{tensor} = {accelerator}.reduce({tensor}, ...)`")
+        if id(original_node) in dist.all_gathers:
+            accelerator = self.accelerator_at(original_node)
+            if accelerator is None:
+                return self._unreachable(original_node, updated_node)
+            parts, tensor = (cst.Module(body=[]).code_for_node(a.value) for a in updated_node.body[0].value.args)  # type: ignore[attr-defined]
+            if not isinstance(call.args[1].value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+                tensor = f"({tensor})"
+            return self._rewrite(original_node, updated_node, f"{parts} = list({accelerator}.gather({tensor}[None]))",
+                                 f"`all_gather({parts}, ...)` -> `{parts} = list({accelerator}.gather(...[None]))`")
         return updated_node
 
     def _drop(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, message: str) -> cst.BaseStatement:

@@ -27,6 +27,7 @@ CASES = {
     "ddp_local_rank_runnable": ("torchrun", 8, 16),  # --local_rank, the "rank 0 first" barrier pair
     "ddp_trainer_gpu_id_runnable": ("torchrun", 8, 16),  # the tutorial series' Trainer holding gpu_id
     "ddp_module_level_runnable": ("torchrun", 8, 16),  # no functions at all
+    "ddp_all_gather_runnable": ("torchrun", 8, 16),  # a training loss all_gathered from every rank
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 
@@ -52,6 +53,7 @@ def runs(request, tmp_path_factory):
         out = {name: job.result() for name, job in jobs.items()}
     out["one"] = run_traced(scripts["one"], env, 1)
     out["spawn"] = spawn
+    out["name"] = request.param
     out["steps"] = CASES[request.param][1:]
     return out
 
@@ -80,6 +82,8 @@ def test_two_processes_give_the_original_global_numbers_once(runs):
     numbers = _EVAL.findall(original[0])  # (spawned workers write to the parent's stdout)
     assert numbers, f"the original printed no eval lines:\n{original[0]}"
     assert "eval_samples 70" in numbers  # the original's own all-reduce: the whole set
+    if "all_gather" in converted_from(runs["name"]):
+        assert numbers.count("eval_losses_gathered 2") == 2 and "eval_losses_finite True" in numbers
     samples = [line for line in _EVAL.findall(converted[0]) if line.startswith("eval_samples")]
     assert samples == [line for line in numbers if line.startswith("eval_samples")]
     assert _EVAL.findall(converted[1]) == [], "rank 1 printed the evaluation too"
@@ -111,6 +115,8 @@ def test_the_checkpoint_is_written_once_with_plain_keys(runs):
 def test_one_process_runs_without_a_launcher(runs):
     out = runs["one"].stdout[0]
     assert _EVAL.findall(out).count("eval_samples 70") == 2, out
+    if "all_gather" in converted_from(runs["name"]):  # one process: a list of one
+        assert _EVAL.findall(out).count("eval_losses_gathered 1") == 2, out
     assert runs["one"].traces[0]["optimizers"][0]["steps"] == runs["steps"][1]  # every batch of both epochs
     if runs["original"].traces[0]["saves"]:
         assert runs["one"].traces[0]["saves"][0]["file"] == "model.pt"

@@ -42,7 +42,7 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import Ref, has_qname, inside, qualified_names
+from accelify.analysis import Ref, has_qname, inside, qualified_names, ref_of
 from accelify.walk import findall
 from accelify.analyses.ranks import (
     GET_RANK, GET_WORLD_SIZE, Why, arg_ranks, both, env_key, env_rank_reads, kept_rank, launch_branches,
@@ -63,6 +63,7 @@ BARRIER = both("barrier")
 
 
 ALL_REDUCE = both("all_reduce")
+ALL_GATHER = both("all_gather")
 
 
 IS_INITIALIZED = both("is_initialized")
@@ -129,6 +130,9 @@ class Distributed:
     sampler_names: dict[Ref, str] = field(default_factory=dict)
     #: ids of all-reduce statements that go because the counts they add up are gathered (ACC011)
     gathered: set[int] = field(default_factory=set)
+    #: ``dist.all_gather(parts, t)`` statements -> (``parts``, ``t``): ``parts = list(accelerator.gather(t[None]))``
+    #: (the list built for it beforehand goes, in ``remove``)
+    all_gathers: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = field(default_factory=dict)
     #: names given a rank in a script's launched branch and their one-process value in the other
     #: (``ddp_world_size = int(os.environ["WORLD_SIZE"])`` / ``ddp_world_size = 1``): kept, the
     #: first assignment's value becomes the Accelerator's (ids of those assignments -> attribute)
@@ -381,6 +385,8 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
         return None
     if names & ALL_REDUCE:
         return _all_reduce(facts, call, statement)
+    if names & ALL_GATHER:
+        return _all_gather(facts, dist, call, statement)
     return (call, f"`{code_of(call.func)}` ({sorted(names)[0]}) has no Accelerate equivalent accelify knows",
             "convert this call by hand (`accelerator.gather`, `accelerator.reduce`, `broadcast_object_list` in "
             "`accelerate.utils`), then run accelify again")
@@ -401,6 +407,36 @@ def _all_reduce(facts: Facts, call: cst.Call, statement: Optional[cst.SimpleStat
     op = reduce_op(facts, call)
     if op is None:
         return call, f"`{code_of(call)}` reduces with an operation other than SUM or AVG, or asynchronously", usage
+    return None
+
+
+def _all_gather(facts: Facts, dist: Distributed, call: cst.Call,
+                statement: Optional[cst.SimpleStatementLine]) -> Optional[Why]:
+    """``parts = [torch.zeros_like(t) for _ in range(world_size)]`` then ``dist.all_gather(parts, t)``:
+    ``parts = list(accelerator.gather(t[None]))``, the same list (rank order, one tensor each, as in
+    one process), the list built beforehand gone."""
+    usage = "build the list with `parts = list(accelerator.gather(t[None]))` (one tensor per process, in rank order)"
+    if statement is None or len(call.args) != 2 or any(a.keyword is not None for a in call.args):
+        return call, f"`{code_of(call)}` is not `all_gather(parts, tensor)` as a statement", usage
+    parts, tensor = call.args[0].value, call.args[1].value
+    ref = ref_of(facts, parts)
+    assigns = facts.assigns.get(ref, []) if ref is not None else []
+    if not isinstance(parts, cst.Name) or len(assigns) != 1 or not isinstance(assigns[0].value, (cst.ListComp, cst.BinaryOperation)):
+        return call, f"`{code_of(parts)}` is not a list built once for this all_gather", usage
+    init = facts.get_metadata(ParentNodeProvider, assigns[0], None)
+    block = facts.get_metadata(ParentNodeProvider, init, None)
+    if not isinstance(init, cst.SimpleStatementLine) or len(init.body) != 1 or block is not facts.get_metadata(
+        ParentNodeProvider, statement, None
+    ):
+        return call, f"`{code_of(parts)}` is not built in the block of the all_gather", usage
+    gather_line = facts.line(statement)
+    if facts.line(init) >= gather_line:
+        return call, f"`{code_of(parts)}` is built after the all_gather", usage
+    for node in findall(facts.module, m.Name(parts.value)):
+        if ref_of(facts, node) == ref and facts.line(init) < facts.line(node) < gather_line and node is not parts:
+            return node, f"`{code_of(parts)}` is read before the all_gather fills it", usage
+    dist.remove.add(id(init))
+    dist.all_gathers[id(statement)] = (parts, tensor)
     return None
 
 
@@ -527,11 +563,14 @@ def reductions(facts: Facts, plan: Plan) -> bool:
         return True
     for call in facts.calls:
         statement = plan_statement(facts, call)
-        if statement is None or id(statement) in dist.remove or not has_qname(facts, call.func, ALL_REDUCE):
+        if statement is None or id(statement) in dist.remove:
+            continue
+        gathers = id(statement) in dist.all_gathers
+        if not gathers and not has_qname(facts, call.func, ALL_REDUCE):
             continue
         func = enclosing_function(facts, call)
         scope: cst.CSTNode = func if func is not None else facts.module
-        names = {n.value for n in findall(call.args[0].value, m.Name())}
+        names = {n.value for n in findall(call.args[1 if gathers else 0].value, m.Name())}
         for _ in range(3):  # `t = torch.tensor([correct, total])`: what the reduced tensor is made of
             for assign in findall(scope, m.Assign()):
                 if {n for t in assign.targets for n in assigned_names(t.target)} & names:  # type: ignore[attr-defined]
@@ -542,6 +581,15 @@ def reductions(facts: Facts, plan: Plan) -> bool:
             counted = {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(aug.target)}  # type: ignore[attr-defined]
             if not counted & names:
                 continue
+            if gathers:
+                facts.finding(
+                    plan, call, "ACC126", f"`{code_of(call)}` collects counts of an evaluation loop: over a prepared "
+                    "loader they are either gathered already (ACC011: the all_gather would count them N times) or "
+                    "include the samples `prepare` repeats. File not converted.",
+                    "gather the predictions and labels with `accelerator.gather_for_metrics(...)` and drop the all_gather",
+                )
+                plan.distributed = None
+                return False
             gather = find_gather(facts, loop, plan)
             if isinstance(gather, Gather):
                 dist.remove.add(id(statement))
