@@ -222,36 +222,28 @@ def _run_forked(
     zygote = Zygote.get()
     outputs = Path(tempfile.mkdtemp(prefix="e2e-outputs-"))  # not in cwd, where the script works
     files = [(outputs / f"{i}.out", outputs / f"{i}.err") for i in range(len(envs))]
-    children = [zygote.start(cmd[-1:], cwd, env, out, err, block=block) for env, (out, err) in zip(envs, files)]
-    deadline = time.monotonic() + timeout
+    proc = Forked([zygote.start(cmd[-1:], cwd, env, out, err, block=block) for env, (out, err) in zip(envs, files)])
     timed_out = False
-    while not all(c["done"].is_set() for c in children):
-        if time.monotonic() > deadline:
-            timed_out = True
-            break
-        if any(c["done"].is_set() and c["code"] != 0 for c in children):
-            break
-        time.sleep(0.02)
-    if timed_out:  # where each one waits, to its stderr (see e2e_zygote.py), before it is killed
-        for child in children:
-            if not child["done"].is_set():
-                Zygote.kill(child, signal.SIGUSR1)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:  # where each one waits, to its stderr (see e2e_zygote.py), then killed
+        timed_out = True
+        proc.kill(signal.SIGUSR1)
         time.sleep(1)
-    for child in children:
-        if not child["done"].is_set():
-            Zygote.kill(child)
+        proc.kill()
+        for child in proc.children:
             child["done"].wait(30)
     out = "".join(path.read_text(encoding="utf-8", errors="replace") for path, _ in files)
     err = "".join(path.read_text(encoding="utf-8", errors="replace") for _, path in files)
     shutil.rmtree(outputs, ignore_errors=True)
     if timed_out:
         pytest.fail(f"timed out after {timeout}s: {cmd}\n--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}")
-    code = next((c["code"] for c in children if c.get("code")), 0)
-    return subprocess.CompletedProcess(cmd, code, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 class Forked:
-    """A ``subprocess.Popen`` look-alike for what ``accelify verify`` starts (its ``start`` hook):
+    """A ``subprocess.Popen`` look-alike for children of the zygote (``_run_forked``, and what
+    ``accelify verify`` starts through its ``start`` hook):
     ``python -m MODULE ARGS`` forked from the zygote, or, for ``python -m torch.distributed.run
     --nproc_per_node N ... -m MODULE ARGS``, the N workers torchrun would start with its
     environment (ended together, as torchrun ends its workers when one fails)."""
@@ -281,10 +273,10 @@ class Forked:
             time.sleep(0.02)
         return self.returncode
 
-    def kill(self) -> None:
+    def kill(self, signum: int = signal.SIGKILL) -> None:
         for child in self.children:
             if not child["done"].is_set():
-                Zygote.kill(child)
+                Zygote.kill(child, signum)
 
 
 def start_forked(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str, *,

@@ -39,8 +39,9 @@ _TENSOR_FACTORIES = frozenset(
 def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     """False (ACC121, reported at the first optimizer) when the script trains on tensors it makes by
     hand and places nothing: ``prepare`` would move the model and leave the data on the CPU."""
-    if (not plan.dataloaders and not plan.devices and not plan.has_accelerator and ".cuda(" not in facts.module.code
-            and any(has_qname(facts, c.func, _TENSOR_FACTORIES) for c in facts.calls)):
+    if plan.devices or plan.has_accelerator or ".cuda(" in facts.module.code:
+        return True  # the script places things itself: it already moves what it makes
+    if not plan.dataloaders and any(has_qname(facts, c.func, _TENSOR_FACTORIES) for c in facts.calls):
         facts.finding(
             plan, first, "ACC121", "the training data does not come from a DataLoader and the script places nothing "
             "on a device: `prepare` would move the model to the accelerator and leave the data on the CPU. "
@@ -49,19 +50,18 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
             "tensors with `.to(accelerator.device)`; `Accelerator(cpu=True)` keeps everything on the CPU.",
         )
         return False
-    if not plan.devices and not plan.has_accelerator and ".cuda(" not in facts.module.code:
-        fed = _hand_made_input(facts, plan)
-        if fed is not None:
-            call, tensor = fed
-            facts.finding(
-                plan, call, "ACC121",
-                f"the script places nothing on a device and gives the model `{code_of(tensor)}`, a tensor it makes by "
-                "hand: `prepare` would move the model to the accelerator and leave that tensor on the CPU (on a GPU: "
-                "a device mismatch). File not converted.",
-                "move the tensors the script makes with `.to(accelerator.device)` by hand, or keep everything on the "
-                "CPU with `Accelerator(cpu=True)`.",
-            )
-            return False
+    fed = _hand_made_input(facts, plan)
+    if fed is not None:
+        call, tensor = fed
+        facts.finding(
+            plan, call, "ACC121",
+            f"the script places nothing on a device and gives the model `{code_of(tensor)}`, a tensor it makes by "
+            "hand: `prepare` would move the model to the accelerator and leave that tensor on the CPU (on a GPU: "
+            "a device mismatch). File not converted.",
+            "move the tensors the script makes with `.to(accelerator.device)` by hand, or keep everything on the "
+            "CPU with `Accelerator(cpu=True)`.",
+        )
+        return False
     return True
 
 
