@@ -161,16 +161,17 @@ def _install(recorder: _Recorder) -> None:
         sys.meta_path.insert(0, _AfterImport("accelerate.accelerator", patch_accelerate))
 
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: recorder.step())
-    _hold_ended_groups()
+    hold_ended_groups()
 
 
 #: Process groups the script ended, kept referenced until the process leaves (see below).
 _ENDED_GROUPS: list = []
 
 
-def _hold_ended_groups() -> None:
+def hold_ended_groups() -> list:
     """Keep every process group the script ends (``destroy_process_group()``,
-    ``accelerator.end_training()``) referenced here; ``_teardown`` then leaves with ``os._exit``.
+    ``accelerator.end_training()``) referenced here, and return that list; ``_teardown`` then leaves
+    with ``os._exit`` (so does the tests' e2e wrapper, which uses this too).
 
     With gloo, torch can deadlock when the last reference to an ended group is a DDP model's
     reducer freed with the GIL held (the script's ``main()`` returning): the group's destructor
@@ -180,7 +181,7 @@ def _hold_ended_groups() -> None:
     import torch.distributed as dist
 
     if not dist.is_available():
-        return
+        return _ENDED_GROUPS
     destroy = dist.destroy_process_group
 
     def destroy_process_group(group=None, *args, **kwargs):
@@ -190,6 +191,7 @@ def _hold_ended_groups() -> None:
 
     destroy_process_group.__wrapped__ = destroy
     dist.destroy_process_group = destroy_process_group
+    return _ENDED_GROUPS
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

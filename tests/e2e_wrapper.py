@@ -41,35 +41,7 @@ def _checksum(tensors):
     return [total, absolute]
 
 
-def _hold_process_groups():
-    """Patch ``destroy_process_group`` so that the groups a script ends stay referenced here, and
-    return the sizes of the worlds ended (a script may end its group itself, with
-    ``destroy_process_group()`` or ``accelerator.end_training()``: the world it ran in is taken
-    right before).
-
-    Why hold them: with gloo, torch can deadlock when the last reference to a destroyed group is
-    a DDP model's reducer freed with the GIL held (when the script's ``main()`` returns): the
-    group's destructor joins its worker thread, which waits for the GIL to free the tensors of
-    a finished all_gather (seen in 1 of ~20 two-process runs, both ranks stuck; gdb showed
-    ``~Reducer -> ~ProcessGroupGloo -> thread::join`` against ``runLoop -> ~AsyncAllgatherWork
-    -> gil_scoped_acquire``). A torch teardown bug, not one of the script: held here, the groups
-    are never destroyed, and the process leaves with ``os._exit`` (see main)."""
-    import torch.distributed as dist
-
-    worlds, held = [], []
-    original_destroy = dist.destroy_process_group
-
-    def destroy_process_group(group=None, *args, **kwargs):
-        if dist.is_initialized():
-            worlds.append(dist.get_world_size())
-            held.append(group if group is not None else dist.distributed_c10d._get_default_group())
-        return original_destroy(group, *args, **kwargs)
-
-    dist.destroy_process_group = destroy_process_group
-    return worlds
-
-
-def _install_trace(worlds):
+def _install_trace(ended):
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.utils.data import dataloader
@@ -124,7 +96,7 @@ def _install_trace(worlds):
 
     def report():
         return {
-            "ended_world": max(worlds, default=None),
+            "ended_world": max((group.size() for group in ended), default=None),
             "optimizers": [
                 {
                     "steps": count,
@@ -149,9 +121,13 @@ def main():
         fd = os.open(f"{prefix}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.close(fd)
-    worlds = _hold_process_groups()
+    # Groups the script ends stay referenced, and the process leaves with os._exit: a gloo teardown
+    # deadlock in torch otherwise (see accelify.runtime.trace.hold_ended_groups).
+    from accelify.runtime.trace import hold_ended_groups
+
+    ended = hold_ended_groups()
     trace = os.environ.get("E2E_TRACE")
-    report = _install_trace(worlds) if trace else None
+    report = _install_trace(ended) if trace else None
 
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
@@ -173,10 +149,10 @@ def main():
         if running:
             dist.barrier()
             dist.destroy_process_group()
-        distributed = bool(worlds)
+        distributed = bool(ended)
     if distributed:
         # The script ran to its end and its process group is ended (and held, see
-        # _hold_process_groups): leave without the interpreter's teardown, where gloo's
+        # hold_ended_groups): leave without the interpreter's teardown, where gloo's
         # threads were also seen to abort ("terminate called without an active exception").
         sys.stdout.flush()
         sys.stderr.flush()

@@ -200,13 +200,13 @@ def test_verify_a_file_accelify_leaves_alone(tmp_path, monkeypatch):
 
 def test_trace_hook_holds_the_process_groups_a_script_ends(tmp_path, monkeypatch):
     """The hook keeps an ended group referenced (a gloo teardown deadlock otherwise: see
-    ``_hold_ended_groups``) and then leaves with os._exit; the group is ended for the script."""
+    ``hold_ended_groups``) and then leaves with os._exit; the group is ended for the script."""
     dist = pytest.importorskip("torch.distributed")
     from accelify.runtime import trace
 
     monkeypatch.setattr(dist, "destroy_process_group", dist.destroy_process_group)  # restored afterwards
     monkeypatch.setattr(trace, "_ENDED_GROUPS", [])
-    trace._hold_ended_groups()
+    assert trace.hold_ended_groups() is trace._ENDED_GROUPS
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     group = dist.distributed_c10d._get_default_group()
     dist.destroy_process_group()
