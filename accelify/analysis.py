@@ -439,6 +439,7 @@ def trains(stmt: cst.BaseStatement, trainers: set[str], objects: frozenset[str] 
 def locate_setup(
     root: Union[cst.Module, cst.FunctionDef], names: set[str], trainers: Optional[set[str]] = None,
     ignore: frozenset[int] = frozenset(), created: frozenset[int] = frozenset(), created_name: str = "",
+    touches: frozenset[str] = frozenset(),
 ) -> Optional[tuple[Body, int]]:
     """The deepest block that binds every name, and the index just after the last binding.
 
@@ -446,6 +447,10 @@ def locate_setup(
     objects training uses are the ones bound before it (a model bound again after training,
     to reload a checkpoint for a test, is another object).  The conversion changes what some
     statements bind: those in ``ignore`` bind nothing, those in ``created`` bind ``created_name``.
+
+    ``touches`` (an evaluation: the models it runs): statements that only call methods of one of
+    them (``model.load_state_dict(...)``, ``model.eval()``) count as binding it, and the setup ends
+    at the first statement that hands one of ``names`` to a call or loops over one.
     """
 
     def binding(stmt: cst.BaseStatement, wanted: set[str]) -> bool:
@@ -453,17 +458,41 @@ def locate_setup(
             return False
         if id(stmt) in created and created_name in wanted:
             return True
-        return binds(stmt, wanted)
+        return binds(stmt, wanted) or bool(touches and _touches(stmt, touches & wanted))
 
     best: Optional[tuple[Body, int]] = None
     for block in setup_blocks(root):  # outermost first: a later match is nested in an earlier one
         end = len(block.body)
         if trainers is not None:
             end = next((i for i, stmt in enumerate(block.body) if trains(stmt, trainers, frozenset(names))), end)
+        if touches:
+            end = next((i for i, stmt in enumerate(block.body[:end]) if _runs(stmt, names)), end)
         hits = [i for i, stmt in enumerate(block.body[:end]) if binding(stmt, names)]
         if hits and all(any(binding(block.body[i], {n}) for i in hits) for n in names):
             best = (block, hits[-1] + 1)
     return best
+
+
+def _touches(stmt: cst.BaseStatement, names: set[str]) -> bool:
+    """``model.load_state_dict(...)``, ``model.to(device)``: a line of calls of methods of ``names``."""
+    if not names or not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    return all(isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+               and isinstance(small.value.func, cst.Attribute)
+               and isinstance(small.value.func.value, cst.Name) and small.value.func.value.value in names
+               for small in stmt.body)
+
+
+def _runs(stmt: cst.BaseStatement, names: set[str]) -> bool:
+    """An evaluation starts here: ``stmt`` loops over one of ``names`` or hands one to a call
+    (``evaluate(model, loader)``), without binding one (``model = nn.DataParallel(model)``)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or binds(stmt, names):
+        return False
+    for loop in findall(stmt, m.For()):
+        if any(n.value in names for n in findall(loop.iter, m.Name())):  # type: ignore[attr-defined]
+            return True
+    return any(isinstance(arg.value, cst.Name) and arg.value.value in names
+               for call in findall(stmt, m.Call()) for arg in call.args)  # type: ignore[attr-defined]
 
 
 def bound_again(after: Sequence[cst.BaseStatement], names: set[str], trainers: set[str]) -> list[cst.BaseStatement]:

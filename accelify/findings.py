@@ -80,6 +80,11 @@ FINDINGS: dict[str, str] = {
     "val_loss, model)`): every process would write it, with the wrapper's `module.` keys; file left unchanged.",
     "ACC130": "The script reads back the sampler a prepared DataLoader was built with (`len(loader.sampler)`): "
     "after `prepare` the loader's `.sampler` is another one, over the whole dataset: file left unchanged.",
+    "ACC131": "An evaluation writes its results batch by batch inside the loop over the prepared DataLoader (`f.write` "
+    "per batch): each process would write its own shard into the same file: file left unchanged.",
+    "ACC132": "An inference loop over a list (`for prompt in prompts:`) that runs the model cannot be split between "
+    "the processes with the same result (it prints or writes per item, adds up a counter, stops early, reads its "
+    "results so far): file left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
     # ACC14x: notebooks (ACC13x is left to the analysis of scripts).

@@ -22,7 +22,7 @@ from libcst.metadata import MetadataWrapper
 
 from accelify import walk
 from accelify.analyses import (
-    accelerator, data, devices, distributed, factories, gradient_accumulation, hazards, helpers, mixed_precision, objects,
+    accelerator, data, devices, distributed, evaluation, factories, gradient_accumulation, hazards, helpers, mixed_precision, objects,
     prepare_point, samplers, schedulers,
 )
 from accelify.analyses.facts import KINDS, Facts
@@ -46,6 +46,12 @@ class Plan:
     accelerator: str = "accelerator"
     has_accelerator: bool = False
     has_prepare: bool = False
+    #: an evaluation or batch-inference script: no optimizer, the models only run
+    #: (``prepare_model(model, evaluation_mode=True)``)
+    evaluation: bool = False
+    #: lists an evaluation runs its models over item by item (``for prompt in prompts:``), in the setup
+    #: scope: each process takes its share (``split_between_processes``), the results are gathered
+    split_lists: list[str] = field(default_factory=list)
     dataloaders: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)
@@ -134,6 +140,11 @@ class Plan:
         """The core objects the setup scope binds: ``prepare`` goes after the last of them."""
         return [n for n in self.core() if n not in self.built_in_init] + self.sized_early
 
+    def touches(self) -> frozenset[str]:
+        """An evaluation's models: ``prepare`` goes after the lines that load or move them
+        (``accelify.analysis.locate_setup``)."""
+        return frozenset(self.models) if self.evaluation else frozenset()
+
     def ref(self, name: str) -> Ref:
         """``self.model`` lives in the class, a local of the setup method in that method."""
         return (self.owner if name.startswith("self.") else self.setup), name
@@ -185,7 +196,14 @@ def _decide(facts: Facts) -> Plan:
     optimizers = factories.redirect(facts, objects.optimizers(facts))
     if not optimizers:
         hazards.untrained_backward(facts, plan)
-        return plan
+        if plan.findings or facts.backwards:
+            return plan
+        optimizers, lists = evaluation.models(facts)
+        if not optimizers:
+            return plan
+        plan.evaluation = True
+        if not evaluation.splits(facts, plan, lists):
+            return plan
     if not distributed.decide(facts, plan):
         return plan
     first = min((a for a, _ in optimizers.values()), key=facts.line)
@@ -225,9 +243,10 @@ def _decide(facts: Facts) -> Plan:
         return plan
     if not samplers.own_samplers(facts, plan):
         return plan
-    wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
-    mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)
-    gradient_accumulation.decide(facts, plan, wrapped, scheduler_calls, arguments)
+    if not plan.evaluation:
+        wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
+        mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)
+        gradient_accumulation.decide(facts, plan, wrapped, scheduler_calls, arguments)
     if not hazards.multi_process(facts, plan):
         return plan
     plan.convertible = True

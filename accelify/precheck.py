@@ -21,6 +21,8 @@ _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|
 #: Under ``torch.optim`` but no optimizer: the analysis never takes these for one.
 _NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
 _PARAMETERS = frozenset({"parameters", "named_parameters"})
+#: Methods of a model an inference script runs over a list (``accelify.analyses.evaluation``).
+_RUN_MODEL = frozenset({"eval", "load_state_dict"})
 #: Deep-learning frameworks other than PyTorch: a file that imports one of them and not torch is
 #: not a PyTorch script, however much it looks like one.
 _OTHER_FRAMEWORKS = frozenset({"paddle", "tensorflow", "jax", "flax", "mindspore", "oneflow", "mxnet", "keras"})
@@ -69,7 +71,8 @@ def may_train(source: str) -> bool:
 def mentions_training(source: str) -> bool:
     """The text test alone (no parse): ``optim``, ``backward`` or ``parameters(`` is in ``source``.
     False implies :func:`may_train` is False."""
-    return "optim" in source or "backward" in source or bool(_PARAMETERS_CALL.search(source))
+    return ("optim" in source or "backward" in source or "DataLoader" in source or ".eval()" in source
+            or "load_state_dict" in source or bool(_PARAMETERS_CALL.search(source)))
 
 
 def _may_train(tree: ast.AST, source: str) -> bool:
@@ -78,11 +81,20 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     trained: set[str] = set()  # names assigned a value with a `.parameters()` call in it
     roots: set[str] = set()  # the top-level packages the file imports (absolute imports)
     backward = False
+    loader = False  # the identifier `DataLoader`: an evaluation script's model may run over one
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr == "backward":
                 backward = True
+        elif isinstance(node, ast.Name) and node.id == "DataLoader":
+            loader = True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RUN_MODEL:
+            loader = True  # `model.eval()`, `model.load_state_dict(...)`: inference over a list, perhaps
+        elif isinstance(node, ast.Attribute) and node.attr == "DataLoader":
+            loader = True
+        elif isinstance(node, ast.alias) and node.name.rpartition(".")[2] == "DataLoader":
+            loader = True
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
             if node.value is not None:
                 values.append(node.value)
@@ -109,9 +121,10 @@ def _may_train(tree: ast.AST, source: str) -> bool:
             values += (value.body, value.orelse)
         elif isinstance(value, ast.Call) and _builds_optimizer(value, imports, _trains(value, trained)):
             return True
-    # No optimizer: the analysis only reports a backward (ACC125), and not in a file that names
-    # `Accelerator` (it uses Accelerate already, or is Accelerate).
-    return backward and not _names_accelerator(tree, source)
+    # No optimizer: the analysis only reports a backward (ACC125), or converts an evaluation over
+    # a DataLoader (accelify.analyses.evaluation); neither in a file that names `Accelerator` (it
+    # uses Accelerate already, or is Accelerate).
+    return (backward or loader) and not _names_accelerator(tree, source)
 
 
 def _has_parameters(value: ast.expr) -> bool:

@@ -24,6 +24,7 @@ from .placement import RemovePlacement
 from .prepare import Prepare
 from .saving import Saving
 from .seeding import Seeding
+from .split_inference import SplitInference
 from .unwrap import UnwrapModelAttributes
 
 # The order matters:
@@ -48,7 +49,7 @@ from .unwrap import UnwrapModelAttributes
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     RemovePlacement, DataParallel, Distributed, RemoveDevice, AcceleratorParameter, Prepare, GradientAccumulation,
     MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics, MainProcessFiles,
-    Seeding, NumpyOnCpu, AddAccelerator, MainProcessOutput,
+    Seeding, NumpyOnCpu, SplitInference, AddAccelerator, MainProcessOutput,
 )
 
 

@@ -25,8 +25,10 @@ TARGET_MODULES = {
         "Accelerator": "accelerate",
         "DistributedDataParallelKwargs": "accelerate",
         "set_seed": "accelerate.utils",
+        "gather_object": "accelerate.utils",
     },
-    "runtime": dict.fromkeys(("Accelerator", "DistributedDataParallelKwargs", "set_seed"), "accelify.runtime"),
+    "runtime": dict.fromkeys(("Accelerator", "DistributedDataParallelKwargs", "set_seed", "gather_object"),
+                             "accelify.runtime"),
 }
 
 
@@ -177,7 +179,7 @@ class AccelifyCodemod(cst.CSTTransformer):
         root = scope_root(module, self.plan.setup)
         trainers = trainer_functions(module)
         core = set(self.plan.anchors())
-        located = locate_setup(root, core, trainers, ignore) if root is not None else None
+        located = locate_setup(root, core, trainers, ignore, touches=self.plan.touches()) if root is not None else None
         if located is None:
             return set()
         return {id(s) for s in rebound_region(*located, core, set(self.plan.rebound_models), trainers, ignore)}

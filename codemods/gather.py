@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import keyword
 from typing import Optional, Sequence, Union
 
@@ -38,6 +38,8 @@ class Gather:
     names: list[str]
     values: list[str]
     replace: dict[int, str]
+    #: the node each value is the code of (None for a plain name)
+    nodes: list[Optional[cst.CSTNode]] = field(default_factory=list)
 
 
 # Methods and torch functions that keep one row per sample: what comes out of them can still be
@@ -180,6 +182,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
                         "as in time-major sequences), so the slice would take other values")
     names: list[str] = []
     values: list[str] = []
+    nodes: list[Optional[cst.CSTNode]] = []
     replace: dict[int, str] = {}
     keywords = {id(a.keyword) for a in findall(loop, m.Arg(keyword=m.Name()))}  # type: ignore[attr-defined]
     taken = {n.value for n in findall(loop, m.Name()) if id(n) not in keywords} | set(_scope_names(visitor, loop))  # type: ignore[attr-defined]
@@ -188,6 +191,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         taken.add(new)
         names.append(new)
         values.append(cst.Module(body=[]).code_for_node(inline))
+        nodes.append(inline)
         replace[id(inline)] = new
     for name in gathered:
         reads = [n for s in _outermost(later) for n in findall(s, m.Name(name)) if id(n) not in skip]
@@ -202,20 +206,22 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         if not parts:
             names.append(name)
             values.append(name)
+            nodes.append(None)
             continue
         if whole:
             code = next(iter(parts))
             return (f"they read `{name}` whole and a part of it (`{code}`): gathering the whole object would send "
                     "every input and can fail on a non-tensor output")
-        for code, nodes in parts.items():
-            new = _fresh(visitor, nodes, taken)
+        for code, found in parts.items():
+            new = _fresh(visitor, found, taken)
             taken.add(new)
             names.append(new)
             values.append(code)
-            replace.update({id(n): new for n in nodes})
+            nodes.append(None)
+            replace.update({id(n): new for n in found})
     if not names:
         return None
-    return Gather(block, statement, names, values, replace)
+    return Gather(block, statement, names, values, replace, nodes)
 
 
 #: What a script already on Accelerate calls to collect its metrics itself.
@@ -373,8 +379,9 @@ class GatherForMetrics(AccelifyCodemod):
         return "+=" in code or ".append(" in code or ".extend(" in code or ".add_batch(" in code or ".update(" in code
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._before: dict[int, str] = {}
+        self._before: dict[int, tuple[Gather, str]] = {}
         self._replace: dict[int, str] = {}
+        self._inline: dict[int, str] = {}  # a model call gathered inline -> its code once rewritten
 
     def visit_For(self, node: cst.For) -> None:
         gather = find_gather(self, node, self.plan)
@@ -396,12 +403,16 @@ class GatherForMetrics(AccelifyCodemod):
                 "pass the accelerator here and gather outputs and labels with `accelerator.gather_for_metrics(...)`.",
             )
             return
-        names = ", ".join(gather.names)
-        values = ", ".join(gather.values)
-        value = f"({values})" if len(gather.values) > 1 else values
-        self._before[id(gather.statement)] = f"{names} = {accelerator}.gather_for_metrics({value})\n"
+        self._before[id(gather.statement)] = (gather, accelerator)
         self._replace.update(gather.replace)
-        self.change(gather.statement, f"`{values}` gathered from every process before the metrics")
+        self.change(gather.statement, f"`{', '.join(gather.values)}` gathered from every process before the metrics")
+
+    def _gather_line(self, gather: Gather, accelerator: str) -> str:
+        # a model call gathered where it is (`features.append(model(x.to(device)))`) keeps what the
+        # other codemods made of it (`model(x)`)
+        values = [self._inline.get(id(node), code) for node, code in zip(gather.nodes, gather.values)]
+        value = f"({', '.join(values)})" if len(values) > 1 else values[0]
+        return f"{', '.join(gather.names)} = {accelerator}.gather_for_metrics({value})\n"
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         return cst.Name(self._replace[id(original_node)]) if id(original_node) in self._replace else updated_node
@@ -410,7 +421,10 @@ class GatherForMetrics(AccelifyCodemod):
         return cst.Name(self._replace[id(original_node)]) if id(original_node) in self._replace else updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        return cst.Name(self._replace[id(original_node)]) if id(original_node) in self._replace else updated_node
+        if id(original_node) not in self._replace:
+            return updated_node
+        self._inline[id(original_node)] = cst.Module(body=[]).code_for_node(updated_node)
+        return cst.Name(self._replace[id(original_node)])
 
     def edit_body(self, block, items: list[Item]) -> list[Item]:
         if not any(id(s) in self._before for s in block.body):
@@ -420,7 +434,7 @@ class GatherForMetrics(AccelifyCodemod):
         for updated, before in items:
             if before is not None and id(before) in self._before and id(before) not in done:
                 done.add(id(before))
-                gather = self.parse_statement(self._before[id(before)])
+                gather = self.parse_statement(self._gather_line(*self._before[id(before)]))
                 if not any(line.comment is not None for line in updated.leading_lines):
                     # blank lines go before the gather; comment lines stay with what they describe
                     gather = gather.with_changes(leading_lines=updated.leading_lines)

@@ -63,7 +63,8 @@ class Loading(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "load_state_dict" in code
+        # an evaluation's model is prepared with `evaluation_mode=True`: nothing wraps it
+        return "load_state_dict" in code and not plan.evaluation
 
     def visit_Module(self, node: cst.Module) -> None:
         self._plain = self.rebound_statements(node, self.vanishing())  # a model bound again after training: never wrapped

@@ -10,7 +10,10 @@ import libcst.matchers as m
 from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import TORCH_LOAD, TORCH_SAVE, binds, key_at, qualified_names, scope_root, setup_blocks, string_value, under_main_process_check
+from accelify.analysis import (
+    TORCH_LOAD, TORCH_SAVE, binds, key_at, peel_iterable, qualified_names, ref_of, scope_root, setup_blocks, string_value,
+    under_main_process_check,
+)
 from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
 
@@ -129,6 +132,7 @@ class MainProcessFiles(AccelifyCodemod):
         self._first: dict[int, str] = {}  # downloading statements -> under main_process_first()
         self._module = node
         self._wait: set[int] = set()  # guarded writes every process waits for (the file is read back)
+        self._guard_with: dict[int, str] = {}  # an evaluation's `with open(path, "w")` -> its accelerator
         self._taint = EarlyStops(self, self.plan, node, [], [])
         self._loads = [self.line_of(c)[0] for c in findall(node, m.Call()) if (
             qualified_names(self, c.func) & TORCH_LOAD  # type: ignore[arg-type]
@@ -189,13 +193,85 @@ class MainProcessFiles(AccelifyCodemod):
             what = f"`{cst.Module(body=[]).code_for_node(node.func)}(...)`: every process logs"
             how = "create it and log under `if accelerator.is_main_process:` (or use `Accelerator(log_with=...)`)"
         elif names & {"builtins.open", "open"} and len(node.args) > 1 and (mode := string_value(node.args[1].value)) and set(mode) & set("wax"):
+            if self.plan.evaluation and self._evaluation_file(node):
+                return
             what = f"a file opened with mode {mode!r}: every process writes it"
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
+        elif self.plan.evaluation and self._per_batch_write(node):
+            return
         elif _downloads(node) and id(self._line_of_statement(node)) not in self._first:
             what = "`download=True`: every process downloads into the same place at once"
             how = "build the dataset under `with accelerator.main_process_first():`"
         if what is not None:
             self.finding(node, "ACC127", f"{what}; left as it is.", how + ".")
+
+    # ------------------------------------------------------------ evaluation scripts
+    def _evaluation_file(self, call: cst.Call) -> bool:
+        """An evaluation's ``with open(path, "w") as f:`` after its loops: what it writes was gathered,
+        the same on every process, so the main process writes it (True: handled).  Written batch by
+        batch, inside the loop over the prepared loader, each process would write its own shard into
+        the same file: refused (ACC131, also True)."""
+        item = self.get_metadata(ParentNodeProvider, call, None)
+        statement = self.get_metadata(ParentNodeProvider, item, None) if isinstance(item, cst.WithItem) else None
+        if self._in_loader_loop(call) or (isinstance(statement, cst.With) and self._runs_loader(statement)):
+            self._refuse_per_batch(call)
+            return True
+        if not isinstance(statement, cst.With) or not isinstance(
+                self.get_metadata(ParentNodeProvider, statement, None), (cst.IndentedBlock, cst.Module)):
+            return False
+        accelerator = self.accelerator_at(statement)
+        if accelerator is None or self._in_loop(statement) or any(
+                not m.matches(i.item, m.Call(func=m.Name("open"))) for i in statement.items):
+            return False
+        self._guard_with[id(statement)] = accelerator
+        return True
+
+    def _per_batch_write(self, call: cst.Call) -> bool:
+        """``f.write(...)`` (``writerow``, ``print(..., file=f)``) in the loop over a prepared loader."""
+        writes = m.matches(call.func, m.Attribute(attr=m.Name("write") | m.Name("writelines") | m.Name("writerow")
+                                                  | m.Name("writerows"))) or (
+            m.matches(call.func, m.Name("print")) and any(a.keyword is not None and a.keyword.value == "file"
+                                                          for a in call.args))
+        if writes and self._in_loader_loop(call):
+            self._refuse_per_batch(call)
+            return True
+        return False
+
+    def _refuse_per_batch(self, node: cst.CSTNode) -> None:
+        if any(f.code == "ACC131" for f in self.findings):
+            return  # one finding says it (`with open(...)` around the loop, and its `f.write` in it)
+        self.refuse(
+            node, "ACC131", "results are written batch by batch in the loop over the prepared dataloader: each "
+            "process would write its own shard of them into the same file; file not converted.",
+            "collect the results in a list in the loop (`preds.append(...)`), then write the file once after it, "
+            "and convert again: accelify gathers the list and writes it on the main process.",
+        )
+
+    def _loops(self, node: cst.CSTNode):
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+            if isinstance(parent, (cst.For, cst.While)):
+                yield parent
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+
+    def _in_loop(self, node: cst.CSTNode) -> bool:
+        return next(self._loops(node), None) is not None
+
+    def _in_loader_loop(self, node: cst.CSTNode) -> bool:
+        return any(isinstance(loop, cst.For) and self._over_loader(loop) for loop in self._loops(node))
+
+    def _over_loader(self, loop: cst.For) -> bool:
+        return ref_of(self, peel_iterable(self, loop.iter)) in self.plan.flow["loader"]
+
+    def _runs_loader(self, statement: cst.With) -> bool:
+        return any(self._over_loader(loop) for loop in findall(statement.body, m.For()))  # type: ignore[arg-type]
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.BaseStatement:
+        accelerator = self._guard_with.get(id(original_node))
+        if accelerator is None:
+            return updated_node
+        self.change(original_node, "written once, by the main process")
+        return self._under(f"if {accelerator}.is_main_process:", [updated_node])
 
     def edit_body(self, block, items: list[Item]) -> list[Item]:
         """Consecutive writes go under one ``if accelerator.is_main_process:``."""

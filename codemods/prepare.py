@@ -81,7 +81,8 @@ class Prepare(AccelifyCodemod):
         created = self.statements_around(site)
         if any(binds(stmt, {self.plan.accelerator}) or id(stmt) in created for stmt in _statements(root)):
             anchors.add(self.plan.accelerator)  # created where the device was: prepare comes after it
-        located = locate_setup(root, anchors, trainer_functions(node), self.vanishing(), created, self.plan.accelerator)
+        located = locate_setup(root, anchors, trainer_functions(node), self.vanishing(), created, self.plan.accelerator,
+                               touches=self.plan.touches())
         if located is None:  # the analysis already reported why
             return
         block, index = located
@@ -90,15 +91,27 @@ class Prepare(AccelifyCodemod):
         self.prepared = list(self._names)  # what ACC013 and ACC015 read
         self._target, self._index, self._depth = block, index, depth_of(node, block)
 
-    def _statement(self) -> cst.BaseStatement:
-        names = ", ".join(self._names)
+    def _statements(self) -> list[cst.BaseStatement]:
+        if not self.plan.evaluation:
+            return [self._prepare_statement(self._names)]
+        # An evaluation: the loaders through `prepare`, each model through
+        # `prepare_model(model, evaluation_mode=True)`: placed, never wrapped for training.
+        loaders = [n for n in self._names if n in self.plan.dataloaders]
+        lines = [self._prepare_statement(loaders)] if loaders else []
+        for model in (n for n in self._names if n in self.plan.models):
+            lines.append(self.parse_statement(
+                f"{model} = {self.plan.accelerator}.prepare_model({model}, evaluation_mode=True)"))
+        return lines
+
+    def _prepare_statement(self, prepared: list[str]) -> cst.BaseStatement:
+        names = ", ".join(prepared)
         call = f"{self.plan.accelerator}.prepare("
         line_length = self.context.scratch.get("accelify.line_length", DEFAULT_LINE_LENGTH)
         one_line = f"{names} = {call}{names})"
         module = self.context.module
         indent = module.default_indent if module is not None else "    "
         fits = lambda text: len(self._depth) + len(text) <= line_length  # noqa: E731
-        items = "".join(f"{indent}{n},\n" for n in self._names)
+        items = "".join(f"{indent}{n},\n" for n in prepared)
         if fits(one_line):
             code = one_line
         elif fits(f"{names} = {call}") and fits(indent + names):  # the docs' three lines
@@ -112,11 +125,15 @@ class Prepare(AccelifyCodemod):
     def edit_body(self, block: Block, items: list[Item]) -> list[Item]:
         if block is not self._target:
             return items
-        self.change(block.body[self._index - 1], f"`{self.plan.accelerator}.prepare({', '.join(self._names)})` inserted")
+        what = "prepare_model" if self.plan.evaluation and not self.plan.dataloaders else "prepare"
+        self.change(block.body[self._index - 1],
+                    f"`{self.plan.accelerator}.{what}({', '.join(self._names)})` inserted")
         at = self.position(block, items, self._index)
-        body = insert_paragraph([node for node, _ in items], at, self._statement())
+        first, *others = self._statements()
+        body = insert_paragraph([node for node, _ in items], at, first)
+        body[at + 1:at + 1] = others
         origins = [origin for _, origin in items]
-        return list(zip(body, [*origins[:at], None, *origins[at:]]))
+        return list(zip(body, [*origins[:at], *[None] * (1 + len(others)), *origins[at:]]))
 
 
 def _statements(root: Union[cst.Module, cst.FunctionDef]) -> Sequence[cst.BaseStatement]:

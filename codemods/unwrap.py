@@ -102,7 +102,7 @@ def plain_model_statements(
     root = scope_root(module, plan.setup)
     core = set(plan.anchors())
     if located is None:
-        located = locate_setup(root, core, trainers, ignore) if root is not None else None
+        located = locate_setup(root, core, trainers, ignore, touches=plan.touches()) if root is not None else None
     if located is None:
         return []
     block, index = located
@@ -151,6 +151,11 @@ class UnwrapModelAttributes(AccelifyCodemod):
     NAME = "model-attributes"
     DESCRIPTION = "model.attr (not nn.Module's) after prepare -> accelerator.unwrap_model(model).attr."
     REQUIRES = frozenset({"ACC001", "ACC004"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        # an evaluation's model is prepared with `evaluation_mode=True`: nothing wraps it
+        return not plan.evaluation
 
     def visit_Module(self, node: cst.Module) -> None:
         prepare = self.other("ACC004")

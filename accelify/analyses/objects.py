@@ -93,7 +93,9 @@ def training_objects(
     """``plan.optimizers``, the ``plan.models`` they train and the ``plan.dataloaders`` of the setup
     scope; False when the file must stay as it is."""
     scopes = homes(plan)
-    plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: facts.line(optimizers[r][0]))]
+    # an evaluation plan's "optimizers" are the models it runs (accelify.analyses.evaluation)
+    if not plan.evaluation:
+        plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: facts.line(optimizers[r][0]))]
     for assign, models in sorted(optimizers.values(), key=lambda v: facts.line(v[0])):
         for model in models:
             ref = _model_ref(facts, model)
@@ -113,7 +115,7 @@ def training_objects(
                 return False
             if ref[1] not in plan.models:
                 plan.models.append(ref[1])
-    for ref in optimizers:
+    for ref in optimizers if not plan.evaluation else ():
         for assign in in_owner.get(ref, []):
             value = assign.value
             if m.matches(value, m.Name("None") | m.IfExp(body=m.Name("None")) | m.IfExp(orelse=m.Name("None"))):

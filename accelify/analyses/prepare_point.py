@@ -163,7 +163,7 @@ def place(facts: Facts, plan: Plan) -> bool:
         return False
     if plan.has_prepare:  # converted code: a model bound again after training is still a plain one
         root = scope_root(facts.module, plan.setup)
-        located = locate_setup(root, set(plan.anchors()), facts.trainers) if root is not None else None
+        located = locate_setup(root, set(plan.anchors()), facts.trainers, touches=plan.touches()) if root is not None else None
         if located is not None:
             after = bound_again(located[0].body[located[1]:], set(plan.anchors()), facts.trainers)
             plan.rebound_models = [n for n in plan.models if any(binds(stmt, {n}) for stmt in after)]
@@ -175,7 +175,7 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     names = plan.anchors()
     listed = ", ".join(plan.core())
     root = scope_root(module, plan.setup)
-    located = locate_setup(root, set(names), facts.trainers) if root is not None else None
+    located = locate_setup(root, set(names), facts.trainers, touches=plan.touches()) if root is not None else None
     if located is None:
         facts.finding(
             plan, module.body[0] if root is None else root, "ACC104",
