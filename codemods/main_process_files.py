@@ -51,7 +51,10 @@ class MainProcessFiles(AccelifyCodemod):
     Every process runs the whole script: a ``save_image`` would write the same file once
     per process, at the same time; a dataset built with ``download=True`` in the setup code is
     built under ``with accelerator.main_process_first():`` (downloaded once, then read).  ``if not os.path.exists(d): os.makedirs(d)`` races (two
-    processes see no directory, the second ``makedirs`` fails): ``exist_ok=True`` does not.
+    processes see no directory, the second ``makedirs`` fails): ``exist_ok=True`` does not.  In an
+    evaluation script a ``with open(path, "w") as f:`` block after its loops is written by the
+    main process too (what it writes was gathered); one inside the loop over the prepared loader
+    is refused (ACC131).
 
     Before::
 

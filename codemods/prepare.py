@@ -23,7 +23,9 @@ class Prepare(AccelifyCodemod):
     Order as in the Accelerate docs: dataloaders, models, optimizers, then any
     scheduler that was built before that point and is stepped once per batch
     (one built later, from ``len(train_dataloader)`` of the prepared loader, is
-    not prepared).  A call too long for one line is split as the docs do.
+    not prepared).  A call too long for one line is split as the docs do.  In an evaluation
+    or batch-inference script (no optimizer), the loaders go through ``prepare`` and each model
+    through ``prepare_model(model, evaluation_mode=True)``: placed, never wrapped for training.
 
     Before::
 

@@ -1,0 +1,160 @@
+"""Issue 13: evaluation and batch-inference scripts (no optimizer) convert; what is no model is not
+prepared, what cannot be split is refused, what loads a state dict loads on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelify.pipeline import convert_source
+from accelify.precheck import may_train
+
+EVAL = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+{setup}
+loader = DataLoader(TensorDataset(torch.randn(20, 4), torch.randint(0, 2, (20,))), batch_size=8)
+correct = 0
+with torch.no_grad():
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+{body}
+print(correct)
+"""
+
+
+def convert(setup, body="        correct += (model(x).argmax(1) == y).sum().item()"):
+    source = EVAL.format(setup=setup, body=body)
+    return source, convert_source(source, "evaluate.py")
+
+
+def test_a_model_run_over_a_dataloader_is_prepared_for_evaluation_only():
+    source, result = convert("model = nn.Linear(4, 2).to(device)\nmodel.eval()")
+    assert result.error is None and result.output != source
+    assert "model = accelerator.prepare_model(model, evaluation_mode=True)" in result.output
+    assert "loader = accelerator.prepare(loader)" in result.output
+    assert "gather_for_metrics" in result.output and ".to(device)" not in result.output
+
+
+def test_the_prepare_lines_come_after_the_checkpoint_is_loaded():
+    source, result = convert('model = nn.Linear(4, 2)\nmodel.load_state_dict(torch.load("m.pt"))\nmodel.to(device)')
+    lines = result.output.splitlines()
+    load = lines.index('model.load_state_dict(torch.load("m.pt"))')
+    assert lines.index("model = accelerator.prepare_model(model, evaluation_mode=True)") > load
+    assert "unwrap_model" not in result.output  # nothing wraps a model prepared for evaluation
+
+
+def test_a_loss_module_and_a_tokenizer_called_in_the_loop_are_no_models():
+    source, result = convert(
+        "model = nn.Linear(4, 2).to(device)\ncriterion = nn.CrossEntropyLoss()\ntokenizer = Tokenizer()",
+        "        loss = criterion(model(x), y)\n        words = tokenizer(x)\n        correct += (model(x).argmax(1) == y).sum().item()",
+    )
+    assert result.output.count("prepare_model(") == 1
+    assert "prepare_model(model," in result.output
+
+
+def test_a_file_that_trains_keeps_the_training_conversion():
+    source, result = convert("model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
+    assert "prepare_model" not in result.output
+    assert "loader, model, optimizer = accelerator.prepare(loader, model, optimizer)" in result.output
+
+
+def test_a_model_never_moved_evaluated_or_loaded_is_not_taken_for_one():
+    """`encoder(x)` alone says nothing: a function object, a tokenizer, a metric are called too."""
+    source, result = convert("model = build()")
+    assert result.output == source and not result.findings
+
+
+def test_a_model_handed_to_a_helper_with_the_loader_is_followed():
+    source = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+def evaluate(net, data, device):
+    net.eval()
+    total = 0
+    for x, y in data:
+        total += (net(x.to(device)).argmax(1) == y.to(device)).sum().item()
+    return total
+
+
+def main():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = Net().to(device)
+    loader = DataLoader(dataset, batch_size=4)
+    print(evaluate(model, loader, device))
+
+
+if __name__ == "__main__":
+    main()
+"""
+    output = convert_source(source, "evaluate.py").output
+    assert "model = accelerator.prepare_model(model, evaluation_mode=True)" in output
+    assert "def evaluate(net, data, accelerator):" in output
+    assert "accelerator.gather_for_metrics(" in output and ".to(device)" not in output
+
+
+@pytest.mark.parametrize("use, expected", [
+    ('model.load_state_dict(torch.load("m.pt", map_location=device))', 'map_location="cpu"'),
+    ('state = torch.load("m.pt", map_location=device)\nmodel.load_state_dict(state["model"])', 'map_location="cpu"'),
+    # a tensor used as it is loaded must be where the model is
+    ('table = torch.load("t.pt", map_location=device)\nmodel.weight.data += table', "map_location=accelerator.device"),
+])
+def test_a_state_dict_loads_on_the_cpu_and_a_tensor_on_the_device(use, expected):
+    source, result = convert(f"model = nn.Linear(4, 2)\n{use}\nmodel.to(device)")
+    assert expected in result.output, result.output
+
+
+LIST = """\
+import torch
+from torch import nn
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = nn.Linear(4, 2).to(device)
+model.eval()
+items = [torch.randn(4) for _ in range(5)]
+results = []
+{loop}
+print(results)
+"""
+
+
+def test_inference_over_a_list_is_split_and_gathered_in_order():
+    source = LIST.format(loop="for item in items:\n    results.append(model(item.to(device)).argmax().item())")
+    output = convert_source(source, "infer.py").output
+    assert "with accelerator.split_between_processes(items) as shard:\n    for item in shard:" in output
+    assert "results = gather_object(results)" in output
+    assert "from accelerate.utils import gather_object" in output
+    assert convert_source(output, "infer.py").output == output
+
+
+@pytest.mark.parametrize("loop, why", [
+    ("for item in items:\n    results.append(model(item.to(device)))\n    if len(results) > 2:\n        break",
+     "stops or leaves early"),
+    ("for item in items:\n    results.append(model(item.to(device)))\nelse:\n    pass", "has an `else:`"),
+    ("for item in items:\n    out = model(item.to(device))\n    results.append(out)\n    print(out)", "runs for its effect"),
+    ("for item in items:\n    results.append(model(item.to(device)) + len(results))", "reads `results`"),
+    ("for item in items:\n    last = model(item.to(device))\n    results.append(last)\nprint(last)", "`last` is read after the loop"),
+    ("total = 0\nfor item in items:\n    results.append(model(item.to(device)))\n    total += 1", "adds up across the items"),
+])
+def test_a_list_loop_that_cannot_be_split_is_refused_with_the_reason(loop, why):
+    source = LIST.format(loop=loop)
+    result = convert_source(source, "infer.py")
+    assert result.output == source
+    assert [f.code for f in result.findings] == ["ACC132"]
+    assert why in result.findings[0].message
+
+
+def test_results_collected_in_a_list_from_before_the_loop_are_refused():
+    source = LIST.format(loop="results.append(None)\nfor item in items:\n    results.append(model(item.to(device)))")
+    result = convert_source(source, "infer.py")
+    assert [f.code for f in result.findings] == ["ACC132"] and "made empty right before" in result.findings[0].message
+
+
+def test_the_precheck_lets_evaluation_scripts_through_and_not_other_files():
+    assert may_train(EVAL.format(setup="model = nn.Linear(4, 2)", body="        pass"))
+    assert may_train(LIST.format(loop="pass"))
+    assert not may_train("import torch\nx = torch.ones(3)\nprint(x.sum())\n")
