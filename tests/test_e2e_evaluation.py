@@ -119,3 +119,29 @@ def test_the_model_is_prepared_for_evaluation_only(name):
     assert "backward" not in converted and "optimizer" not in converted
     again = convert_source(converted, "x.py")
     assert again.output == converted and not again.findings, "converting the converted script changed it"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_runtime_stand_in_evaluates_the_same(tmp_path, name):
+    """`--target runtime` output with accelerate blocked (accelify.runtime's single-process stand-in:
+    `prepare_model`, `split_between_processes`, `gather_object`, `gather_for_metrics`): the original's
+    output and files."""
+    from accelify.pipeline import Options
+
+    make, files, _ = CASES[name]
+    source = (FIXTURES / name / "before.py").read_text(encoding="utf-8")
+    converted = convert_source(source, "before.py", Options(target="runtime")).output
+    assert "from accelify.runtime import" in converted and "accelerate" not in converted.replace("accelerator", "")
+    env = script_env(PYTHONHASHSEED="0")
+    runs = {}
+    for stem, text, block in (("original", source, ()), ("stand_in", converted, ("accelerate",))):
+        (tmp_path / stem).mkdir()
+        (tmp_path / stem / "make_checkpoint.py").write_text(
+            "import torch\nfrom torch import nn\ntorch.manual_seed(1)\n" + make, encoding="utf-8")
+        assert run_single_process(tmp_path / stem / "make_checkpoint.py", env).returncode == 0
+        (tmp_path / stem / "script.py").write_text(text, encoding="utf-8")
+        runs[stem] = run_traced(tmp_path / stem / "script.py", env, block=block)
+    assert runs["stand_in"].traces[0]["accelerate_imported"] is False
+    assert runs["stand_in"].stdout[0] == runs["original"].stdout[0]
+    for file in files:
+        assert _digest(tmp_path / "stand_in" / file) == _digest(tmp_path / "original" / file), file
