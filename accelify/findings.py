@@ -85,6 +85,9 @@ FINDINGS: dict[str, str] = {
     "ACC132": "An inference loop over a list (`for prompt in prompts:`) that runs the model cannot be split between "
     "the processes with the same result (it prints or writes per item, adds up a counter, stops early, reads its "
     "results so far): file left unchanged.",
+    "ACC133": "An evaluation or inference script (a DataLoader, a model in eval mode) whose model and DataLoader "
+    "accelify cannot pair in one loop (the loader kept in a dict, built in the helper the model is handed to, the "
+    "model run through another object): file left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
     # ACC14x: notebooks (ACC13x is left to the analysis of scripts).

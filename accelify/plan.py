@@ -200,6 +200,7 @@ def _decide(facts: Facts) -> Plan:
             return plan
         optimizers, lists = evaluation.models(facts)
         if not optimizers:
+            evaluation.unrecognised(facts, plan)
             return plan
         plan.evaluation = True
         if not evaluation.splits(facts, plan, lists):

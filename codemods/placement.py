@@ -352,11 +352,13 @@ class RemovePlacement(AccelifyCodemod):
             if chosen_outside:
                 # `device = torch.device(...)` at module level, read by the function that trains or a
                 # helper: the training device, chosen where the Accelerator cannot replace it.
+                runs, built = (("evaluates", "the model and the loaders are built") if self.plan.evaluation
+                               else ("trains", "the model and optimizer are built"))
                 self.refuse(
-                    call, "ACC108", f"`.to({name})`: `{name}` is a device chosen outside the function that trains "
+                    call, "ACC108", f"`.to({name})`: `{name}` is a device chosen outside the function that {runs} "
                     f"(`{self.plan.setup}`); left in place, after `prepare` every process would move the "
                     f"{'model' if on_model else 'batches'} to that one device. File not converted.",
-                    f"build `{name}` in `{self.plan.setup}`, where the model and optimizer are built, and hand it "
+                    f"build `{name}` in `{self.plan.setup}`, where {built}, and hand it "
                     "on from there, or use `accelerator.device`.",
                 )
             elif key_at(self, call) != self.plan.setup:
@@ -367,7 +369,8 @@ class RemovePlacement(AccelifyCodemod):
                     call, "ACC108", f"`.to({name})`: this code places the {'model' if on_model else 'batches'} on "
                     "a device it is handed, which accelify cannot follow to a `torch.device` choice; after "
                     "`prepare` every process would move them to that one device. File not converted.",
-                    "build the device where the model and optimizer are built (`device = torch.device(\"cuda\" if "
+                    f"build the device where {'the model and the loaders' if self.plan.evaluation else 'the model and optimizer'} "
+                    "are built (`device = torch.device(\"cuda\" if "
                     "torch.cuda.is_available() else \"cpu\")`) and pass it on from there, or use `accelerator.device`.",
                 )
             else:

@@ -260,3 +260,29 @@ def splits(facts: Facts, plan: Plan, loops: list[cst.For]) -> bool:
         if loop.iter.value not in plan.split_lists:  # type: ignore[attr-defined]
             plan.split_lists.append(loop.iter.value)  # type: ignore[attr-defined]
     return True
+
+
+def unrecognised(facts: Facts, plan: Plan) -> None:
+    """ACC133: a script that builds a DataLoader and puts a model in eval mode, but whose model and
+    loader accelify cannot pair in one loop (the loader in a dict, or built in the helper the model
+    is handed to, the model called through another object): not converted, and said so.  A module
+    that only defines (a library, nothing runs at import) stays silent."""
+    loaders = [c for c in facts.calls if has_qname(facts, c.func, DATALOADERS)]
+    evaluates = any(m.matches(c.func, m.Attribute(attr=m.Name("eval"))) and not c.args for c in facts.calls)
+    if not loaders or not evaluates or not (facts.is_script or _runs_at_import(facts.module)):
+        return
+    facts.finding(
+        plan, loaders[0], "ACC133",
+        "this looks like an evaluation or inference script (a DataLoader, a model in eval mode), but accelify "
+        "finds no model it can follow into a loop over a DataLoader of this file; file not converted.",
+        "bind the model and the DataLoader in the same function (not in a dict), and loop over the loader there "
+        "or in a helper handed both (`evaluate(model, loader)`), calling the model itself (`model(x)`, "
+        "`model.generate(...)`); or prepare them by hand: `loader = accelerator.prepare(loader)`, "
+        "`model = accelerator.prepare_model(model, evaluation_mode=True)`.",
+    )
+
+
+def _runs_at_import(module: cst.Module) -> bool:
+    """Module-level code that runs something: a loop, a ``with``, a call as a statement."""
+    return any(isinstance(s, (cst.For, cst.While, cst.With)) or m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.Call())]))
+               for s in module.body)
