@@ -147,7 +147,8 @@ class RemoveDevice(AccelifyCodemod):
     def _loads_state_dict(self, node: cst.BaseExpression) -> bool:
         """``torch.load(path, map_location=device)`` whose result only goes into ``load_state_dict``
         (directly, through a subscript, or through a name read nowhere else): a state dict is
-        copied into the model wherever it lies, so it loads on the CPU.  That is also what stays
+        copied into the model wherever it lies, so it loads on the CPU; so does an evaluation's whole
+        pickled model (``model = torch.load(path, map_location=device)``), which ``prepare_model`` places.  That is also what stays
         correct with several CPU processes, whose ``accelerator.device`` (``cpu:0``) ``torch.load``
         rejects, and on GPUs keeps every process from loading onto the first one."""
         arg = self.get_metadata(ParentNodeProvider, node, None)
@@ -168,6 +169,8 @@ class RemoveDevice(AccelifyCodemod):
         if isinstance(parent, cst.Assign) and parent.value is expr and len(parent.targets) == 1 and isinstance(
                 parent.targets[0].target, cst.Name):
             name = parent.targets[0].target
+            if self.plan.evaluation and ref_of(self, name) in self.plan.refs(self.plan.models):
+                return True  # a whole pickled model, placed by `prepare_model` after it is loaded
             scope = self.get_metadata(ScopeProvider, name, None)
             if scope is None or len(scope[name.value]) != 1:
                 return False

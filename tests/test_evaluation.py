@@ -67,6 +67,12 @@ def test_a_model_never_moved_evaluated_or_loaded_is_not_taken_for_one():
     assert result.output == source and not result.findings
 
 
+def test_a_whole_pickled_model_loads_on_the_cpu_and_prepare_model_places_it():
+    source, result = convert('model = torch.load("model.pt", map_location=device)\nmodel.eval()')
+    assert 'model = torch.load("model.pt", map_location="cpu")' in result.output
+    assert "model = accelerator.prepare_model(model, evaluation_mode=True)" in result.output
+
+
 def test_a_model_handed_to_a_helper_with_the_loader_is_followed():
     source = """\
 import torch
