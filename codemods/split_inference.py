@@ -28,23 +28,32 @@ class SplitInference(AccelifyCodemod):
 
     Before::
 
+        import torch
+
+        model = Net()
+        model.eval()
         prompts = ["the cat", "a dog", "hello"]
         completions = []
         for prompt in prompts:
-            completions.append(generate(model, prompt))
+            completions.append(decode(model.generate(encode(prompt))))
         for prompt, completion in zip(prompts, completions):
             print(prompt, completion)
 
     After::
 
+        import torch
+        from accelerate.utils import gather_object
+
+        model = Net()
+        model.eval()
         prompts = ["the cat", "a dog", "hello"]
         completions = []
         with accelerator.split_between_processes(prompts) as shard:
             for prompt in shard:
-                completions.append(generate(model, prompt))
+                completions.append(decode(model.generate(encode(prompt))))
         completions = gather_object(completions)
         for prompt, completion in zip(prompts, completions):
-            accelerator.print(prompt, completion)
+            print(prompt, completion)
     """
 
     CODE = "ACC020"

@@ -28,6 +28,7 @@ FAST = ["tests/", "--ignore=tests/test_e2e_scripts.py", "--ignore=tests/test_e2e
 E2E = ["tests/test_e2e_scripts.py"]
 E2E_DIST = ["tests/test_e2e_distributed.py"]
 NOTEBOOKS = ["tests/test_notebook.py", "tests/test_e2e_notebook.py"]
+EVALUATION = ["tests/test_evaluation.py", "tests/test_e2e_evaluation.py"]
 
 
 @dataclass(frozen=True)
@@ -435,6 +436,49 @@ MUTANTS = [
         "        chunks[home] = _cut(chunks[home], creation.lineno, creation.end_lineno or creation.lineno)\n",
         "        pass\n",
         tests=tuple(NOTEBOOKS),
+    ),
+    # --- evaluation and batch inference (issue 13)
+    Mutant(
+        "eval-model-wrapped-for-training", "an evaluated model prepared like a trained one (a DDP wrapper for nothing)",
+        "codemods/prepare.py",
+        '                f"{model} = {self.plan.accelerator}.prepare_model({model}, evaluation_mode=True)"))\n',
+        '                f"{model} = {self.plan.accelerator}.prepare({model})"))\n',
+        tests=tuple(EVALUATION),
+    ),
+    Mutant(
+        "eval-list-not-gathered", "a split list's results stay one process's share",
+        "codemods/split_inference.py",
+        '                    out.append((self.parse_statement(f"{name} = gather_object({name})\\n"), None))\n',
+        "                    pass\n",
+        tests=tuple(EVALUATION),
+    ),
+    Mutant(
+        "eval-split-counts-allowed", "a counter added up over one process's share of the list",
+        "accelify/analyses/evaluation.py",
+        "            if isinstance(small, cst.AugAssign):\n",
+        "            if False:\n",
+        tests=tuple(EVALUATION),
+    ),
+    Mutant(
+        "eval-file-on-every-process", "every process writes the predictions file at once",
+        "codemods/main_process_files.py",
+        "        self._guard_with[id(statement)] = accelerator\n",
+        "        pass\n",
+        tests=tuple(EVALUATION),
+    ),
+    Mutant(
+        "eval-per-batch-writes-allowed", "each process writes its shard's rows into the same file",
+        "codemods/main_process_files.py",
+        "        if writes and self._in_loader_loop(call):\n",
+        "        if False:\n",
+        tests=tuple(EVALUATION) + ("tests/test_fixtures.py",),
+    ),
+    Mutant(
+        "state-dict-loaded-on-the-device", "torch.load onto cpu:0 (rejected) with several CPU processes",
+        "codemods/device.py",
+        "        return self._into_load_state_dict(load)\n",
+        "        return False\n",
+        tests=tuple(EVALUATION),
     ),
 ]
 
