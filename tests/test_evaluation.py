@@ -164,3 +164,20 @@ def test_the_precheck_lets_evaluation_scripts_through_and_not_other_files():
     assert may_train(EVAL.format(setup="model = nn.Linear(4, 2)", body="        pass"))
     assert may_train(LIST.format(loop="pass"))
     assert not may_train("import torch\nx = torch.ones(3)\nprint(x.sum())\n")
+
+
+def test_a_predictions_file_written_after_the_loop_is_written_by_the_main_process():
+    source, result = convert("model = nn.Linear(4, 2).to(device)\nmodel.eval()",
+                             "        correct += (model(x).argmax(1) == y).sum().item()")
+    source = source.replace("print(correct)\n", 'with open("accuracy.txt", "w") as f:\n    f.write(f"{correct}\\n")\n')
+    result = convert_source(source, "evaluate.py")
+    assert 'if accelerator.is_main_process:\n    with open("accuracy.txt", "w") as f:' in result.output
+    assert not result.findings  # no ACC127: the file is the gathered result, written once
+
+
+def test_rows_written_batch_by_batch_to_a_file_opened_before_the_loop_are_refused():
+    source, _ = convert("model = nn.Linear(4, 2).to(device)\nmodel.eval()\nout = open(\"preds.txt\", \"w\")",
+                        "        out.write(f\"{model(x).argmax(1).tolist()}\\n\")")
+    result = convert_source(source, "evaluate.py")
+    assert result.output == source
+    assert "ACC131" in [f.code for f in result.findings]
