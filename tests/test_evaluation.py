@@ -181,3 +181,34 @@ def test_rows_written_batch_by_batch_to_a_file_opened_before_the_loop_are_refuse
     result = convert_source(source, "evaluate.py")
     assert result.output == source
     assert "ACC131" in [f.code for f in result.findings]
+
+
+def test_an_optimizer_factory_of_the_model_class_never_called_does_not_make_a_training_script():
+    """nanoGPT's `sample.py` pastes `model.py`, whose `GPT.configure_optimizers` builds an AdamW that
+    nothing in the file calls: the script evaluates, it does not train (it was refused, ACC107)."""
+    source = '''\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+class Net(nn.Linear):
+    def configure_optimizers(self, lr):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=lr)
+        return optimizer
+
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = Net(4, 2).to(device)
+model.eval()
+loader = DataLoader(data, batch_size=8)
+hits = 0
+for x, y in loader:
+    hits += (model(x.to(device)).argmax(1) == y.to(device)).sum().item()
+print(hits)
+'''
+    result = convert_source(source, "sample.py")
+    assert not result.findings and "model = accelerator.prepare_model(model, evaluation_mode=True)" in result.output
+    called = source.replace("print(hits)", "optimizer = model.configure_optimizers(0.1)\nprint(hits)")
+    result = convert_source(called, "sample.py")  # called here, the optimizer counts: a training script's refusal
+    assert result.output == called and [f.code for f in result.findings] == ["ACC107"]

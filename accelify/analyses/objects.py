@@ -41,9 +41,13 @@ Optimizers = dict[Ref, tuple[cst.Assign, list[cst.BaseExpression]]]
 
 
 def optimizers(facts: Facts) -> Optimizers:
-    """Every assignment of an optimizer to a single name, by that name's ref."""
+    """Every assignment of an optimizer to a single name, by that name's ref; not one built in a
+    method the file never names (a model class's ``configure_optimizers``, pasted along with the
+    model into a script that only samples from it)."""
     found: Optimizers = {}
     for ref, assigns in facts.assigns.items():
+        if _unused_method(facts, ref[0]):
+            continue
         for assign in assigns:
             value = assign.value
             # `Adam(...) if fine_tune else None` is an optimizer too (that can be None)
@@ -54,6 +58,18 @@ def optimizers(facts: Facts) -> Optimizers:
                     if models is not None:
                         found[ref] = (assign, models)
     return found
+
+
+def _unused_method(facts: Facts, key: str) -> bool:
+    """``key`` is a method (``GPT.configure_optimizers``) of a module-level class, training nothing
+    itself, whose name the file uses nowhere else: nothing in this file runs it."""
+    cls, _, method = key.partition(".")
+    if cls not in facts.classes or not method or "." in method or method.startswith("__") or method in facts.trainers:
+        return False  # a method that trains (`Trainer.train` never called here) keeps its optimizer: ACC107
+    return not any(
+        (isinstance(c.func, cst.Attribute) and c.func.attr.value == method)
+        or (isinstance(c.func, cst.Name) and c.func.value == method) for c in facts.calls
+    ) and not findall(facts.module, m.Attribute(attr=m.Name(method)))
 
 
 def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
