@@ -11,7 +11,10 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import RawFinding, inside, key_at, locate_setup, rebound_region, scope_key, scope_root, trainer_functions
+from accelify.analysis import (
+    TORCH_LOAD, RawFinding, has_qname, inside, key_at, locate_setup, rebound_region, ref_of, scope_key, scope_root,
+    trainer_functions,
+)
 from accelify.composite import Block, Item, Shared, remove_imports_of
 from accelify.plan import Plan
 from accelify.report import Change
@@ -404,3 +407,41 @@ def is_noop(small: cst.BaseSmallStatement) -> bool:
             and _code(comp.for_in.iter) == _code(target)
         )
     return False
+
+
+def loads_on_the_cpu(visitor: AccelifyCodemod, node: cst.CSTNode) -> bool:
+    """``node`` is the device of ``torch.load(path, map_location=<node>)`` whose result only goes
+    into ``load_state_dict`` (directly, through a subscript, or through a name read nowhere else):
+    a state dict is copied into the model wherever it lies, so it loads on the CPU; so does an
+    evaluation's whole pickled model (``model = torch.load(path, map_location=device)``), which
+    ``prepare_model`` places.  That is also what stays correct with several CPU processes, whose
+    ``accelerator.device`` (``cpu:0``) ``torch.load`` rejects, and on GPUs keeps every process from
+    loading onto the first one."""
+    arg = visitor.get_metadata(ParentNodeProvider, node, None)
+    if not (isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == "map_location"):
+        return False
+    load = visitor.get_metadata(ParentNodeProvider, arg, None)
+    if not isinstance(load, cst.Call) or not has_qname(visitor, load.func, TORCH_LOAD):
+        return False
+    return _into_load_state_dict(visitor, load)
+
+
+def _into_load_state_dict(visitor: AccelifyCodemod, expr: cst.CSTNode) -> bool:
+    parent = visitor.get_metadata(ParentNodeProvider, expr, None)
+    while isinstance(parent, cst.Subscript) and parent.value is expr:  # `torch.load(...)["model"]`
+        expr, parent = parent, visitor.get_metadata(ParentNodeProvider, parent, None)
+    if isinstance(parent, cst.Arg) and parent.value is expr:
+        call = visitor.get_metadata(ParentNodeProvider, parent, None)
+        return isinstance(call, cst.Call) and m.matches(call.func, m.Attribute(attr=m.Name("load_state_dict")))
+    if isinstance(parent, cst.Assign) and parent.value is expr and len(parent.targets) == 1 and isinstance(
+            parent.targets[0].target, cst.Name):
+        name = parent.targets[0].target
+        if visitor.plan.evaluation and ref_of(visitor, name) in visitor.plan.refs(visitor.plan.models):
+            return True  # a whole pickled model, placed by `prepare_model` after it is loaded
+        scope = visitor.get_metadata(ScopeProvider, name, None)
+        if scope is None or len(scope[name.value]) != 1:
+            return False
+        accesses = [a for assignment in scope[name.value] for a in assignment.references]
+        return bool(accesses) and all(_into_load_state_dict(visitor, a.node) for a in accesses)
+    return False
+

@@ -8,15 +8,15 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.walk import findall
-from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider, ScopeProvider
+from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
-from accelify.analysis import MODULE, TORCH_LOAD, child_blocks, has_qname, key_at, ref_of, simple_assign
+from accelify.analysis import MODULE, child_blocks, key_at, ref_of, simple_assign
 from accelify.composite import remove_imports_of
 from accelify.plan import bind_arguments, param_names
 
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr
+from .base import AccelifyCodemod, accelerator_attr, loads_on_the_cpu
 
 
 class RemoveDevice(AccelifyCodemod):
@@ -134,7 +134,7 @@ class RemoveDevice(AccelifyCodemod):
         placement = self.other("ACC003")
         if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]
             return updated_node  # `.to(device)` goes as a whole (ACC003)
-        if self._loads_state_dict(original_node):
+        if loads_on_the_cpu(self, original_node):
             self.change(original_node, f"`map_location={original_node.value}` -> `map_location=\"cpu\"`")
             return cst.SimpleString('"cpu"')
         if self._used_as_string(original_node):
@@ -143,40 +143,6 @@ class RemoveDevice(AccelifyCodemod):
             return accelerator_attr(accelerator, "device.type")
         self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
-
-    def _loads_state_dict(self, node: cst.BaseExpression) -> bool:
-        """``torch.load(path, map_location=device)`` whose result only goes into ``load_state_dict``
-        (directly, through a subscript, or through a name read nowhere else): a state dict is
-        copied into the model wherever it lies, so it loads on the CPU; so does an evaluation's whole
-        pickled model (``model = torch.load(path, map_location=device)``), which ``prepare_model`` places.  That is also what stays
-        correct with several CPU processes, whose ``accelerator.device`` (``cpu:0``) ``torch.load``
-        rejects, and on GPUs keeps every process from loading onto the first one."""
-        arg = self.get_metadata(ParentNodeProvider, node, None)
-        if not (isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == "map_location"):
-            return False
-        load = self.get_metadata(ParentNodeProvider, arg, None)
-        if not isinstance(load, cst.Call) or not has_qname(self, load.func, TORCH_LOAD):
-            return False
-        return self._into_load_state_dict(load)
-
-    def _into_load_state_dict(self, expr: cst.CSTNode) -> bool:
-        parent = self.get_metadata(ParentNodeProvider, expr, None)
-        while isinstance(parent, cst.Subscript) and parent.value is expr:  # `torch.load(...)["model"]`
-            expr, parent = parent, self.get_metadata(ParentNodeProvider, parent, None)
-        if isinstance(parent, cst.Arg) and parent.value is expr:
-            call = self.get_metadata(ParentNodeProvider, parent, None)
-            return isinstance(call, cst.Call) and m.matches(call.func, m.Attribute(attr=m.Name("load_state_dict")))
-        if isinstance(parent, cst.Assign) and parent.value is expr and len(parent.targets) == 1 and isinstance(
-                parent.targets[0].target, cst.Name):
-            name = parent.targets[0].target
-            if self.plan.evaluation and ref_of(self, name) in self.plan.refs(self.plan.models):
-                return True  # a whole pickled model, placed by `prepare_model` after it is loaded
-            scope = self.get_metadata(ScopeProvider, name, None)
-            if scope is None or len(scope[name.value]) != 1:
-                return False
-            accesses = [a for assignment in scope[name.value] for a in assignment.references]
-            return bool(accesses) and all(self._into_load_state_dict(a.node) for a in accesses)
-        return False
 
     def _used_as_string(self, node: cst.Name) -> bool:
         """A string device in a comparison or a string method call (``device.startswith("cuda")``)."""
@@ -202,7 +168,7 @@ class RemoveDevice(AccelifyCodemod):
         placement = self.other("ACC003")
         if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]
             return updated_node  # `.to(self.device)` goes as a whole (ACC003)
-        if self._loads_state_dict(original_node):
+        if loads_on_the_cpu(self, original_node):
             self.change(original_node, f"`map_location=self.{original_node.attr.value}` -> `map_location=\"cpu\"`")
             return cst.SimpleString('"cpu"')
         self.change(original_node, f"`self.{original_node.attr.value}` -> `{accelerator}.device`")

@@ -15,7 +15,7 @@ from accelify.analysis import DATALOADERS, per_process_device, has_qname, ref_of
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr
+from .base import AccelifyCodemod, accelerator_attr, loads_on_the_cpu
 
 
 class Distributed(AccelifyCodemod):
@@ -285,6 +285,9 @@ class Distributed(AccelifyCodemod):
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
             return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
+        if loads_on_the_cpu(self, original_node):
+            self.change(original_node, "per-rank `map_location` -> `\"cpu\"`")
+            return cst.SimpleString('"cpu"')
         self.change(original_node, f"per-rank device -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
 
@@ -323,6 +326,9 @@ class Distributed(AccelifyCodemod):
         if accelerator is None:
             return self._unreachable(original, updated)  # type: ignore[return-value]
         if attribute in MAIN_TESTS and self._device_position(original):
+            if loads_on_the_cpu(self, original):
+                self.change(original, "per-rank `map_location` -> `\"cpu\"`")
+                return cst.SimpleString('"cpu"')
             attribute = "device"
         code = cst.Module(body=[]).code_for_node(original)
         self.change(original, f"`{code}` -> `{accelerator}.{attribute}`")

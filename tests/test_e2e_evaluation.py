@@ -145,3 +145,27 @@ def test_the_runtime_stand_in_evaluates_the_same(tmp_path, name):
     assert runs["stand_in"].stdout[0] == runs["original"].stdout[0]
     for file in files:
         assert _digest(tmp_path / "stand_in" / file) == _digest(tmp_path / "original" / file), file
+
+
+def test_a_torchrun_evaluation_gives_its_global_numbers_once_in_one_and_two_processes(tmp_path):
+    """fixtures/ddp_evaluate_runnable: the original's all-reduced counts over a DistributedSampler
+    (72 samples: no padding) against the converted script's gathered ones: the same lines from rank 0
+    of the original on two processes, of the converted on two (rank 1 silent) and on one."""
+    source = (FIXTURES / "ddp_evaluate_runnable" / "before.py").read_text(encoding="utf-8")
+    converted = convert_source(source, "before.py").output
+    assert "all_reduce" not in converted and "accelerator.reduce" not in converted  # gathered instead
+    env = script_env(PYTHONHASHSEED="0")
+    runs = {}
+    for stem, text, processes in (("original", source, 2), ("two", converted, 2), ("one", converted, 1)):
+        (tmp_path / stem).mkdir()
+        (tmp_path / stem / "make_checkpoint.py").write_text(
+            "import torch\nfrom torch import nn\ntorch.manual_seed(1)\n"
+            "torch.save(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).state_dict(), 'checkpoint.pt')\n",
+            encoding="utf-8")
+        assert run_single_process(tmp_path / stem / "make_checkpoint.py", env).returncode == 0
+        (tmp_path / stem / "script.py").write_text(text, encoding="utf-8")
+        runs[stem] = run_traced(tmp_path / stem / "script.py", env, processes)
+    lines = runs["original"].stdout[0]
+    assert "eval_samples 72" in lines and runs["original"].stdout[1].strip() == ""
+    assert runs["two"].stdout == [lines, ""]
+    assert runs["one"].stdout == [lines]

@@ -578,7 +578,9 @@ def reductions(facts: Facts, plan: Plan) -> bool:
         for loop in facts.loops:
             if not inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
                 continue
-            counted = {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(aug.target)}  # type: ignore[attr-defined]
+            # `correct += ...`, and `counts[0] += ...` into a tensor of counts
+            counted = {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(  # type: ignore[attr-defined]
+                aug.target.value if isinstance(aug.target, cst.Subscript) else aug.target)}  # type: ignore[attr-defined]
             if not counted & names:
                 continue
             if gathers:
