@@ -85,12 +85,14 @@ class RemoveDevice(AccelifyCodemod):
                 self._functions = functions
 
     def _remaining_uses(self, func: cst.FunctionDef, key: str, param: str) -> bool:
-        """Is the parameter still read once the placements that go (ACC003) are gone?"""
+        """Is the parameter still read once the placements that go (ACC003) and the state dicts loaded on
+        the CPU are gone?"""
         placement = self.other("ACC003")
         return any(
             ref_of(self, name) == (key, param)
             and self.get_metadata(ExpressionContextProvider, name, None) == ExpressionContext.LOAD
             and not (placement is not None and placement.strips_use(name))  # type: ignore[attr-defined]
+            and not loads_on_the_cpu(self, name)  # `map_location=device` -> "cpu"
             for name in findall(func.body, m.Name(param))
         )
 
@@ -130,6 +132,10 @@ class RemoveDevice(AccelifyCodemod):
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Union[cst.Name, cst.Attribute]:
         accelerator = self._replacement(original_node)
         if accelerator is None:
+            if ref_of(self, original_node) in self.plan.flow["device"] and loads_on_the_cpu(self, original_node):
+                # a helper's kept `device` parameter (it is handed `accelerator.device`)
+                self.change(original_node, f"`map_location={original_node.value}` -> `map_location=\"cpu\"`")
+                return cst.SimpleString('"cpu"')
             return updated_node
         placement = self.other("ACC003")
         if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]

@@ -30,6 +30,8 @@ WRITERS = TORCH_SAVE | frozenset({  # torch.save: what ACC009 does not save with
     # race on the same target (and the others may copy before the main process has written)
     "shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move",
 })
+#: pandas' writers, methods of a DataFrame whose type accelify cannot know: by name, with a path
+_TABLE_WRITERS = ("to_csv", "to_parquet", "to_json", "to_excel", "to_pickle", "to_feather")
 _MAKEDIRS = frozenset({"os.makedirs"})
 _MKDIR = frozenset({"os.makedirs", "os.mkdir"})
 _EXISTS = frozenset({"os.path.exists", "os.path.isdir"})
@@ -93,14 +95,18 @@ class MainProcessFiles(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run"))
+        return any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run",
+                                             *_TABLE_WRITERS))
 
     def _writer(self, stmt: cst.CSTNode) -> bool:
         if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])):
             return False
         func = stmt.body[0].value.func  # type: ignore[attr-defined]
-        # `model.save_pretrained(dir)` / `tokenizer.save_pretrained(dir)`: the Hugging Face convention
-        return bool(qualified_names(self, func) & WRITERS) or m.matches(func, m.Attribute(attr=m.Name("save_pretrained")))
+        # `model.save_pretrained(dir)` / `tokenizer.save_pretrained(dir)`: the Hugging Face convention;
+        # `df.to_csv(path)` (pandas: with no path it returns the text instead)
+        call = stmt.body[0].value  # type: ignore[attr-defined]
+        return bool(qualified_names(self, func) & WRITERS) or m.matches(func, m.Attribute(attr=m.Name("save_pretrained"))) or (
+            m.matches(func, m.Attribute(attr=m.OneOf(*(m.Name(n) for n in _TABLE_WRITERS)))) and bool(call.args))
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine

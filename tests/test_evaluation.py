@@ -212,3 +212,40 @@ print(hits)
     called = source.replace("print(hits)", "optimizer = model.configure_optimizers(0.1)\nprint(hits)")
     result = convert_source(called, "sample.py")  # called here, the optimizer counts: a training script's refusal
     assert result.output == called and [f.code for f in result.findings] == ["ACC107"]
+
+
+def test_a_results_table_written_with_pandas_after_the_loop_is_written_once():
+    source, _ = convert("model = nn.Linear(4, 2).to(device)\nmodel.eval()")
+    source = source.replace("print(correct)\n", 'table.to_csv("out.csv", index=False)\nprint(table.to_csv())\n')
+    output = convert_source(source, "evaluate.py").output
+    assert 'if accelerator.is_main_process:\n    table.to_csv("out.csv", index=False)' in output
+    assert "accelerator.print(table.to_csv())" in output  # no path: it returns the text, writes nothing
+
+
+def test_a_helper_s_device_used_only_to_load_a_state_dict_goes():
+    """boostcamp's inference.py: `load_model(model_dir, num_classes, device)` loads with
+    `map_location=device`; handed `accelerator.device` (`cpu:0` with several CPU processes) it failed."""
+    source = '''\
+import torch
+from torch.utils.data import DataLoader
+
+
+def load_model(path, device):
+    model = Net()
+    model.load_state_dict(torch.load(path, map_location=device))
+    return model
+
+
+if __name__ == "__main__":
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model("model.pth", device).to(device)
+    model.eval()
+    loader = DataLoader(data, batch_size=8)
+    preds = []
+    for x in loader:
+        preds.extend(model(x.to(device)).argmax(-1).cpu().numpy())
+    print(preds)
+'''
+    output = convert_source(source, "inference.py").output
+    assert "def load_model(path):" in output and 'map_location="cpu"' in output
+    assert 'model = load_model("model.pth")\n' in output

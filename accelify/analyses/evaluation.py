@@ -267,9 +267,12 @@ def unrecognised(facts: Facts, plan: Plan) -> None:
     loader accelify cannot pair in one loop (the loader in a dict, or built in the helper the model
     is handed to, the model called through another object): not converted, and said so.  A module
     that only defines (a library, nothing runs at import) stays silent."""
+    if not (facts.is_script or _runs_at_import(facts.module)):
+        return
     loaders = [c for c in facts.calls if has_qname(facts, c.func, DATALOADERS)]
     evaluates = any(m.matches(c.func, m.Attribute(attr=m.Name("eval"))) and not c.args for c in facts.calls)
-    if not loaders or not evaluates or not (facts.is_script or _runs_at_import(facts.module)):
+    if not loaders or not evaluates:
+        _unsplit_loop(facts, plan)
         return
     facts.finding(
         plan, loaders[0], "ACC133",
@@ -280,6 +283,31 @@ def unrecognised(facts: Facts, plan: Plan) -> None:
         "`model.generate(...)`); or prepare them by hand: `loader = accelerator.prepare(loader)`, "
         "`model = accelerator.prepare_model(model, evaluation_mode=True)`.",
     )
+
+
+def _unsplit_loop(facts: Facts, plan: Plan) -> None:
+    """ACC133 too: a model (built here, treated as a module) runs in a loop over inputs that are no
+    DataLoader and no list looped over directly (``enumerate(files)``, ``glob.glob(...)`` inline, a
+    helper handed the model): accelify cannot split it; not a loop over ``range(...)`` (generation
+    repeated, no data)."""
+    models = {ref for ref in facts.assigns if _built(facts, ref) is not None and _is_module(facts, ref)}
+    for loop in facts.loops:
+        iterable = peel_iterable(facts, loop.iter)
+        if m.matches(iterable, m.Call(func=m.Name("range"))):
+            continue
+        used = next((n for n in findall(loop.body, m.Name()) if ref_of(facts, n) in models), None)
+        if used is None:
+            continue
+        facts.finding(
+            plan, loop, "ACC133",
+            f"the model `{used.value}` runs in a loop over `{code_of(loop.iter)}`, which accelify cannot split between "  # type: ignore[attr-defined]
+            "the processes: it is no DataLoader, nor a list looped over directly where the model runs "
+            "(`for item in items:` calling the model); file not converted.",
+            "loop over the list itself, call the model in the loop, collect the results in lists and write them "
+            "after the loop; or build a DataLoader over the inputs; or split by hand with "
+            "`with accelerator.split_between_processes(items) as shard:` and `gather_object`.",
+        )
+        return
 
 
 def _runs_at_import(module: cst.Module) -> bool:
