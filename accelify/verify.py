@@ -15,7 +15,10 @@ Verdicts (``Verification.verdict``) and exit codes:
 - ``within-rtol`` (0): every pair within ``rtol`` (relative to the larger of the two);
 - ``different`` (1): the first differing loss (its index and step, both values), or one side
   recorded more losses or took more optimizer steps than the other;
-- ``no-losses`` (1): neither run passed a loss to backward: nothing proves them equivalent;
+- ``same-output`` (0): neither run passed a loss to backward (an evaluation or inference script)
+  and both printed the same lines;
+- ``no-losses`` (1): neither run passed a loss to backward nor printed anything: nothing proves
+  them equivalent (with different printed output the verdict is ``different``);
 - ``failed`` (3): a run failed (its exit code and last stderr lines; ``needs_gpu`` when the
   failure is about CUDA, ``needs_launcher`` when the script reads what torchrun sets: a DDP
   original, whose conversion runs in one process and is still checked with ``processes``) or
@@ -104,6 +107,8 @@ class Run:
     needs_launcher: bool = False
     #: the file of the tracing hook that ran (rank 0's), None if it never started
     hook: Optional[str] = None
+    #: what it printed (under a launcher, every rank's and the launcher's lines together)
+    stdout: str = ""
 
     @property
     def ok(self) -> bool:
@@ -159,7 +164,7 @@ class Verification:
 
     @property
     def equivalent(self) -> bool:
-        return self.verdict in ("identical", "within-rtol")
+        return self.verdict in ("identical", "within-rtol", "same-output")
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -254,6 +259,17 @@ def judge(path: str, steps: int, rtol: float, original: Run, converted: Run,
         else:
             result.message = (f"first difference at step {row.step} (loss {index + 1} of {len(rows)}): "
                               f"original {row.original!r}, converted {row.converted!r}")
+    elif verdict == "no-losses" and original.steps == converted.steps and original.stdout.strip():
+        # an evaluation or inference script: what it prints is what it computes
+        same, first = _same_output(original.stdout, converted.stdout)
+        if same:
+            result.verdict = "same-output"
+            lines = len(original.stdout.splitlines())
+            result.message = (f"no backward pass (an evaluation or inference script): the same printed output, "
+                              f"{lines} line{'s' if lines != 1 else ''}")
+        else:
+            result.verdict, result.exit_code = "different", EXIT_DIFFERENT
+            result.message = f"no backward pass; the printed output differs from line {first + 1}"
     elif verdict == "no-losses":
         result.exit_code = EXIT_DIFFERENT
         result.message = "neither run passed a loss to backward: nothing to compare"
@@ -269,6 +285,15 @@ def judge(path: str, steps: int, rtol: float, original: Run, converted: Run,
     if distributed is not None and result.exit_code == EXIT_EQUIVALENT and distributed.verdict != "ok":
         result.exit_code = EXIT_DIFFERENT if distributed.verdict == "uneven-steps" else EXIT_RUN_FAILED
     return result
+
+
+def _same_output(a: str, b: str) -> tuple[bool, int]:
+    """(the same lines, index of the first that differs)."""
+    left, right = a.splitlines(), b.splitlines()
+    for index, (x, y) in enumerate(zip(left, right)):
+        if x != y:
+            return False, index
+    return len(left) == len(right), min(len(left), len(right))
 
 
 def judge_distributed(run: Run) -> Distributed:
@@ -333,6 +358,7 @@ class _Process:
     stderr_path: str
     started: float
     last_steps: int = -1
+    stdout_path: str = ""
 
 
 def _read_trace(prefix: str, processes: int) -> tuple[list[tuple[int, float]], list[int], list[Optional[str]], Optional[str]]:
@@ -389,8 +415,9 @@ def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], st
         trace = os.path.join(workdir, f"run{number}")
         stderr_path = os.path.join(workdir, f"run{number}.stderr")
         run_env = {**env, "ACCELIFY_TRACE": trace, "ACCELIFY_TRACE_STEPS": str(steps)}
-        popen = start(cmd, cwd, run_env, os.path.join(workdir, f"run{number}.stdout"), stderr_path)
-        processes.append(_Process(run, popen, trace, stderr_path, time.monotonic()))
+        stdout_path = os.path.join(workdir, f"run{number}.stdout")
+        popen = start(cmd, cwd, run_env, stdout_path, stderr_path)
+        processes.append(_Process(run, popen, trace, stderr_path, time.monotonic(), stdout_path=stdout_path))
         if progress:
             progress(run, "started", 0)
     pending = list(processes)
@@ -429,6 +456,9 @@ def _wait(pending: list[_Process], timeout: float, progress: Optional[ProgressCa
             with open(proc.stderr_path, encoding="utf-8", errors="replace") as handle:
                 lines = handle.read().splitlines()
             run.stderr_tail = lines[-STDERR_TAIL:]
+            if os.path.exists(proc.stdout_path):
+                with open(proc.stdout_path, encoding="utf-8", errors="replace") as handle:
+                    run.stdout = handle.read()
             run.needs_launcher = not run.ok and any(_NEEDS_LAUNCHER.search(line) for line in lines[-60:])
             run.needs_gpu = not run.ok and not run.needs_launcher and any(_NEEDS_GPU.search(line) for line in lines[-60:])
             if progress:

@@ -171,3 +171,17 @@ def test_a_torchrun_original_is_reported_as_needing_a_launcher(tmp_path):
     assert "needs a launcher" in result.message and "--processes N" in result.message
     assert result.converted.ok and result.converted.steps == [4]
     assert result.distributed.verdict == "ok" and result.distributed.run.steps == [4, 4]
+
+
+def test_an_evaluation_script_verifies_by_its_printed_output(tmp_path):
+    """fixtures/batch_predictions (issue 13): no backward pass, so verify compares what the original
+    and the converted script print; two processes end cleanly."""
+    folder = _fixture(tmp_path, "batch_predictions")
+    proc = run([sys.executable, "-c", "import torch; from torch import nn; torch.manual_seed(1); torch.save("
+                "{'model': nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3)).state_dict()}, 'classifier.pt')"],
+               folder, script_env())
+    assert proc.returncode == 0, proc.stderr
+    result = verify("train.py", processes=2, cwd=str(folder), env=script_env(), start=start_forked)
+    assert (result.verdict, result.exit_code) == ("same-output", 0), result.message
+    assert "wrote 45 predictions" in result.original.stdout
+    assert result.distributed.verdict == "ok", result.distributed.message

@@ -92,6 +92,20 @@ def test_judge_no_losses_is_not_equivalent():
     assert (result.verdict, result.exit_code) == ("no-losses", EXIT_DIFFERENT)
 
 
+def test_judge_an_evaluation_by_what_it_prints():
+    """No backward pass (an evaluation or inference script): the printed output is compared."""
+    printed = "Test set: accuracy 17/70\nwrote 70 predictions\n"
+    same = judge("t.py", 3, 0.0, _run(losses=[], steps=0, stdout=printed), _run("converted", losses=[], steps=0, stdout=printed))
+    assert (same.verdict, same.exit_code) == ("same-output", 0) and same.equivalent
+    assert "2 lines" in same.message
+    other = judge("t.py", 3, 0.0, _run(losses=[], steps=0, stdout=printed),
+                  _run("converted", losses=[], steps=0, stdout=printed.replace("17", "9")))
+    assert (other.verdict, other.exit_code) == ("different", EXIT_DIFFERENT) and "line 1" in other.message
+    shorter = judge("t.py", 3, 0.0, _run(losses=[], steps=0, stdout=printed),
+                    _run("converted", losses=[], steps=0, stdout=printed.splitlines()[0]))
+    assert shorter.verdict == "different" and "line 2" in shorter.message
+
+
 def test_judge_failed_run_names_the_side_and_a_gpu():
     original = Run("original", returncode=1, losses=[], steps=[0], ends=["error"], needs_gpu=True,
                    stderr_tail=["AssertionError: Torch not compiled with CUDA enabled"])
