@@ -13,7 +13,7 @@ from accelify.walk import findall
 
 from libcst.metadata import GlobalScope, ParentNodeProvider, ScopeProvider
 
-from accelify.analysis import assigned_names, peel_iterable, ref_of, simple_assign, string_value
+from accelify.analysis import assigned_names, iter_statements, peel_iterable, ref_of, simple_assign, string_value
 from accelify.plan import Plan
 
 from accelify.composite import Item
@@ -74,6 +74,30 @@ def _per_sample(expr: cst.BaseExpression) -> bool:
     return False
 
 
+def _early_exit(loop: cst.For) -> Optional[str]:
+    """The code of the first ``break`` or ``return`` that leaves ``loop`` itself (not an inner loop,
+    not a nested function) after a number of batches: unconditionally, or under a test that reads
+    what the loop binds (``if i >= 3: break``); not under a test of a flag set before the loop
+    (``if args.dry_run: break``, a mode every process is in alike). None when there is none."""
+    bound = set(assigned_names(loop.target)) | {
+        n for stmt, _ in iter_statements(loop.body) if (a := simple_assign(stmt)) is not None  # type: ignore[arg-type]
+        for t in a.targets for n in assigned_names(t.target)}
+
+    def walk(node: cst.CSTNode, tests: tuple[cst.BaseExpression, ...]) -> Optional[str]:
+        for child in node.children:
+            if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.For, cst.While)):
+                continue  # another scope, or an inner loop's own break
+            if isinstance(child, (cst.Break, cst.Return)):
+                if not tests or any({n.value for n in findall(t, m.Name())} & bound for t in tests):  # type: ignore[attr-defined]
+                    return "break" if isinstance(child, cst.Break) else "return"
+                continue
+            found = walk(child, (*tests, child.test) if isinstance(child, cst.If) else tests)
+            if found is not None:
+                return found
+        return None
+    return walk(loop.body, ())
+
+
 def _metric(stmt: cst.BaseStatement) -> bool:
     """A statement that counts (``+=``) or collects (``append``/``add_batch``/...), or holds one."""
     return bool(findall(stmt, m.AugAssign() | _METRIC_CALLS))
@@ -121,6 +145,11 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     metrics = [i for i, (_, s) in enumerate(rows) if _metric(s) and _reads(s) & derived]
     if not metrics:
         return None
+    exit_ = _early_exit(loop)
+    if exit_ is not None:
+        return (f"the loop can stop before the end of the loader (`{exit_}`): over a prepared loader each process "
+                "stops after so many batches of its own shard, so the gathered metrics would cover another set of "
+                "samples (N times as many batches, or each process's last ones)")
     inline = None  # `correct += (model(x).argmax(1) == y).sum()`: the model runs inside the metric
     if call_at is None or metrics[0] < call_at:
         calls = [c for c in findall(rows[metrics[0]][1], m.Call())

@@ -249,3 +249,32 @@ if __name__ == "__main__":
     output = convert_source(source, "inference.py").output
     assert "def load_model(path):" in output and 'map_location="cpu"' in output
     assert 'model = load_model("model.pth")\n' in output
+
+
+@pytest.mark.parametrize("exit_, refused", [
+    ("    if i >= 2:\n        break\n", True),  # each process would stop after 2 batches of its shard
+    ("    if len(y) < 8:\n        break\n", True),  # decided by the batch: each process's own last one
+    ("    if dry_run:\n        break\n", False),  # a mode every process is in alike (pytorch/examples' --dry-run)
+])
+def test_an_evaluation_loop_that_stops_after_some_batches_is_refused(exit_, refused):
+    source = f"""\
+import torch
+from torch.utils.data import DataLoader
+
+dry_run = False
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = Net().to(device)
+model.eval()
+loader = DataLoader(data, batch_size=8)
+hits = 0
+for i, (x, y) in enumerate(loader):
+{exit_}    hits += (model(x.to(device)).argmax(1) == y.to(device)).sum().item()
+print(hits)
+"""
+    result = convert_source(source, "evaluate.py")
+    if refused:
+        codes = [f.code for f in result.findings]  # (a test of the batch is also ACC119's per-process exit)
+        assert result.output == source and "ACC114" in codes
+        assert "stop before the end of the loader" in result.findings[codes.index("ACC114")].message
+    else:
+        assert "gather_for_metrics" in result.output and not result.findings
