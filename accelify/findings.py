@@ -39,9 +39,10 @@ FINDINGS: dict[str, str] = {
     "too slowly with N processes. Otherwise `prepare` goes after it and takes it too.",
     "ACC114": "Evaluation metrics over a prepared dataloader that accelify cannot gather (code that cannot reach "
     "the Accelerator, no `output = model(...)` to gather, a metric before the model runs, an output read whole and "
-    "in parts, gathered values also used by other code or sliced along their first dimension), or an evaluation run on the "
-    "main process only (under `if rank == 0:`, where a gather would hang): each process would count its own shard "
-    "only; file left unchanged.",
+    "in parts, gathered values also used by other code or sliced along their first dimension), an evaluation loop "
+    "that stops after some batches (`if i >= n: break`: each process would stop in its own shard), or an evaluation "
+    "run on the main process only (under `if rank == 0:`, where a gather would hang): each process would count its "
+    "own shard only; file left unchanged.",
     "ACC115": "Retired: a DistributedSampler is now removed (ACC018), or the file is left unchanged (ACC126).",
     "ACC116": "A collective (`wait_for_everyone`, `gather`, `reduce`, ...) under a main-process check: the run "
     "would hang; reported.",
