@@ -232,6 +232,8 @@ def _decide(facts: Facts) -> Plan:
     helpers.flows(facts, plan)
     if not distributed.reductions(facts, plan):
         return plan
+    if not evaluation.kept_results(facts, plan):
+        return plan
     scheduler_calls = schedulers.decide(facts, plan, in_owner, set(optimizers))
     if scheduler_calls is None:
         return plan

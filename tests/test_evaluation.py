@@ -278,3 +278,16 @@ print(hits)
         assert "stop before the end of the loader" in result.findings[codes.index("ACC114")].message
     else:
         assert "gather_for_metrics" in result.output and not result.findings
+
+
+@pytest.mark.parametrize("setup, body, why", [
+    ("features = torch.zeros(0, 2)", "        features = torch.cat((features, model(x)), 0)", "rebuilds `features`"),
+    ("preds = {}", "        preds[len(preds)] = model(x).argmax(1)", "writes into an object from before the loop"),
+    ("", '        torch.save(model(x), "batch.pt")', "writes a file batch by batch"),
+])
+def test_results_kept_where_no_gather_reaches_them_are_refused(setup, body, why):
+    """Kept so, each process's results would be its own shard only, and what the main process
+    writes or prints after the loop a part of the set (a wrong conversion, not a slow one)."""
+    source, result = convert(f"model = nn.Linear(4, 2).to(device)\nmodel.eval()\n{setup}", body)
+    assert result.output == source
+    assert [f.code for f in result.findings] == ["ACC114"] and why in result.findings[0].message

@@ -30,7 +30,8 @@ from accelify.analyses.facts import Facts, chain_root, param_names
 from accelify.analyses.objects import Optimizers, _helper_loader
 from accelify.accumulation import code_of
 from accelify.analysis import (
-    DATALOADERS, Ref, assigned_values, binds, has_qname, iter_statements, peel_iterable, qualified_names, ref_of,
+    DATALOADERS, Ref, assigned_names, assigned_values, binds, has_qname, iter_statements, key_at, peel_iterable, qualified_names,
+    ref_of,
 )
 from accelify.walk import findall
 
@@ -314,3 +315,71 @@ def _runs_at_import(module: cst.Module) -> bool:
     """Module-level code that runs something: a loop, a ``with``, a call as a statement."""
     return any(isinstance(s, (cst.For, cst.While, cst.With)) or m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.Call())]))
                for s in module.body)
+
+
+def kept_results(facts: Facts, plan: Plan) -> bool:
+    """False (ACC114) when a loop over a prepared loader keeps results in a way no gather covers:
+    ``features = torch.cat((features, out))`` (a value rebuilt from itself batch after batch),
+    ``preds[i] = p`` / ``self.x = ...`` (written into an object from before the loop), a file
+    written per batch (``torch.save``, ``save_image``, ``np.save``...).  Over a prepared loader
+    each process would keep its own shard only, and what is written or printed after the loop
+    would be the main process's shard, not the whole set.  Metrics ACC011 gathers (``+=``,
+    ``append``, ``add_batch``) are not such results."""
+    from accelify.codemods.main_process_files import WRITERS
+
+    for loop in facts.loops:
+        if ref_of(facts, peel_iterable(facts, loop.iter)) not in plan.flow["loader"]:
+            continue
+        if findall(loop.body, m.Attribute(attr=m.Name("backward"))):
+            continue  # a training loop: what it keeps is per process by nature (a running loss)
+        # a training script's sample image of a batch (`if i == 0: save_image(...)`) is the main
+        # process's batch, written once (ACC017): only an evaluation's files are its results
+        why = _kept(facts, loop, WRITERS if plan.evaluation else frozenset())
+        if why is not None:
+            facts.finding(
+                plan, loop, "ACC114",
+                f"results of the loop over a prepared dataloader would be one process's shard only: {why}. "
+                "File not converted.",
+                "collect each batch's results with `results.append(...)` (accelify gathers them), or gather them "
+                "yourself first: `out = accelerator.gather_for_metrics(out)`.",
+            )
+            return False
+    return True
+
+
+def _kept(facts: Facts, loop: cst.For, writers: frozenset[str]) -> Optional[str]:
+    key = key_at(facts, loop)
+    in_loops = {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
+    per_batch = set(assigned_names(loop.target))
+
+    def outer(name: str) -> bool:
+        """``name`` is bound in this scope outside every loop (``features = torch.zeros(...)``): it
+        outlives a batch."""
+        return name not in per_batch and key is not None and any(
+            id(a) not in in_loops for a in facts.assigns.get((key, name), []))
+
+    for stmt, _ in iter_statements(loop.body):  # type: ignore[arg-type]
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    node = target.target
+                    if isinstance(node, cst.Name):
+                        if outer(node.value) and node.value in {n.value for n in findall(small.value, m.Name())}:  # type: ignore[attr-defined]
+                            return f"`{code_of(small).strip()}` rebuilds `{node.value}` batch after batch"
+                    elif isinstance(node, (cst.Subscript, cst.Attribute)):
+                        root = _root(node)
+                        if root is not None and (root == "self" or outer(root)):
+                            return f"`{code_of(small).strip()}` writes into an object from before the loop"
+            elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                func = small.value.func
+                if qualified_names(facts, func) & writers:
+                    return f"`{code_of(small).strip()}` writes a file batch by batch"
+    return None
+
+
+def _root(node: cst.BaseExpression) -> Optional[str]:
+    while isinstance(node, (cst.Subscript, cst.Attribute)):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
