@@ -291,3 +291,18 @@ def test_results_kept_where_no_gather_reaches_them_are_refused(setup, body, why)
     source, result = convert(f"model = nn.Linear(4, 2).to(device)\nmodel.eval()\n{setup}", body)
     assert result.output == source
     assert [f.code for f in result.findings] == ["ACC114"] and why in result.findings[0].message
+
+
+def test_predictions_printed_batch_by_batch_are_refused_and_progress_is_not():
+    progress = '        print(f"batch {i}: {len(x)} samples, {x.shape}")\n'
+
+    def script(body):
+        source = EVAL.format(setup="model = nn.Linear(4, 2).to(device)", body=body)
+        return source.replace("    for x, y in loader:\n", "    for i, (x, y) in enumerate(loader):\n" + progress)
+
+    counted = convert_source(script("        correct += (model(x).argmax(1) == y).sum().item()"), "evaluate.py")
+    assert "gather_for_metrics" in counted.output and not counted.findings
+    per_batch = script("        for label in model(x).argmax(1).tolist():\n            print(label)")
+    result = convert_source(per_batch, "evaluate.py")
+    assert result.output == per_batch and [f.code for f in result.findings] == ["ACC114"]
+    assert "prints each batch's results" in result.findings[0].message

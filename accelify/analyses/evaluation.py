@@ -31,7 +31,7 @@ from accelify.analyses.objects import Optimizers, _helper_loader
 from accelify.accumulation import code_of
 from accelify.analysis import (
     DATALOADERS, Ref, assigned_names, assigned_values, binds, has_qname, iter_statements, key_at, peel_iterable, qualified_names,
-    ref_of,
+    ref_of, simple_assign,
 )
 from accelify.walk import findall
 
@@ -335,6 +335,8 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
         # a training script's sample image of a batch (`if i == 0: save_image(...)`) is the main
         # process's batch, written once (ACC017): only an evaluation's files are its results
         why = _kept(facts, loop, WRITERS if plan.evaluation else frozenset())
+        if why is None and plan.evaluation:
+            why = _printed_per_batch(facts, plan, loop)
         if why is not None:
             facts.finding(
                 plan, loop, "ACC114",
@@ -376,6 +378,40 @@ def _kept(facts: Facts, loop: cst.For, writers: frozenset[str]) -> Optional[str]
                 func = small.value.func
                 if qualified_names(facts, func) & writers:
                     return f"`{code_of(small).strip()}` writes a file batch by batch"
+    return None
+
+
+def _printed_per_batch(facts: Facts, plan: Plan, loop: cst.For) -> Optional[str]:
+    """An evaluation's ``print(name, pred)`` in the loop, before any gather: each process would print
+    its own shard, and only the main process's lines would show.  A print of the batch index or of
+    sizes (``len(x)``, ``x.shape``) is progress, not results; one after ACC011's gather prints the
+    gathered batch."""
+    from accelify.codemods.gather import Gather, find_gather
+
+    index = None
+    if isinstance(loop.iter, cst.Call) and m.matches(loop.iter.func, m.Name("enumerate")) and isinstance(
+            loop.target, cst.Tuple) and loop.target.elements and isinstance(loop.target.elements[0].value, cst.Name):
+        index = loop.target.elements[0].value.value
+    data = set(assigned_names(loop.target)) - {index} | {
+        n for stmt, _ in iter_statements(loop.body) if (a := simple_assign(stmt)) is not None  # type: ignore[arg-type]
+        for t in a.targets for n in assigned_names(t.target)} | {
+        n for inner in findall(loop.body, m.For()) for n in assigned_names(inner.target)}  # type: ignore[attr-defined]
+    gather = find_gather(facts, loop, plan)
+    gathered_from = None
+    if isinstance(gather, Gather):
+        rows = [s for s, _ in iter_statements(loop.body)]  # type: ignore[arg-type]
+        gathered_from = next((i for i, s in enumerate(rows) if s is gather.statement), None)
+    for position, (stmt, _) in enumerate(iter_statements(loop.body)):  # type: ignore[arg-type]
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for call in findall(stmt, m.Call(func=m.Name("print") | m.Attribute(attr=m.Name("write"), value=m.Name("tqdm")))):
+            sizes = {id(n) for c in findall(call, m.Call(func=m.Name("len") | m.Attribute(attr=m.Name("size"))))  # type: ignore[attr-defined]
+                     for n in findall(c, m.Name())}
+            sizes |= {id(a.value) for a in findall(call, m.Attribute(attr=m.Name("shape")))}  # type: ignore[attr-defined]
+            read = {n.value for n in findall(call, m.Name()) if id(n) not in sizes} & data  # type: ignore[attr-defined]
+            if read and (gathered_from is None or position < gathered_from):
+                return (f"`{code_of(call)}` prints each batch's results: each process would print its own shard, "
+                        "and only the main process's lines would show")
     return None
 
 
