@@ -445,3 +445,13 @@ def _into_load_state_dict(visitor: AccelifyCodemod, expr: cst.CSTNode) -> bool:
         return bool(accesses) and all(_into_load_state_dict(visitor, a.node) for a in accesses)
     return False
 
+
+def cpu_string(visitor: AccelifyCodemod, node: cst.CSTNode) -> cst.SimpleString:
+    """``"cpu"`` for the ``map_location`` ``node`` is, in the quotes of the ``torch.load`` call's own
+    path when it is a string literal (``torch.load('m.pt', map_location='cpu')``)."""
+    arg = visitor.get_metadata(ParentNodeProvider, node, None)
+    load = visitor.get_metadata(ParentNodeProvider, arg, None) if arg is not None else None
+    strings = [a.value for a in load.args if isinstance(a.value, cst.SimpleString)] if isinstance(load, cst.Call) else []
+    quote = "'" if strings and strings[0].quote == "'" else '"'
+    return cst.SimpleString(f"{quote}cpu{quote}")
+

@@ -16,7 +16,7 @@ from accelify.plan import bind_arguments, param_names
 
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr, loads_on_the_cpu
+from .base import AccelifyCodemod, accelerator_attr, cpu_string, loads_on_the_cpu
 
 
 class RemoveDevice(AccelifyCodemod):
@@ -135,14 +135,14 @@ class RemoveDevice(AccelifyCodemod):
             if ref_of(self, original_node) in self.plan.flow["device"] and loads_on_the_cpu(self, original_node):
                 # a helper's kept `device` parameter (it is handed `accelerator.device`)
                 self.change(original_node, f"`map_location={original_node.value}` -> `map_location=\"cpu\"`")
-                return cst.SimpleString('"cpu"')
+                return cpu_string(self, original_node)
             return updated_node
         placement = self.other("ACC003")
         if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]
             return updated_node  # `.to(device)` goes as a whole (ACC003)
         if loads_on_the_cpu(self, original_node):
             self.change(original_node, f"`map_location={original_node.value}` -> `map_location=\"cpu\"`")
-            return cst.SimpleString('"cpu"')
+            return cpu_string(self, original_node)
         if self._used_as_string(original_node):
             # `device == "cuda"` compared a string; a torch.device never equals one
             self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device.type`")
@@ -176,7 +176,7 @@ class RemoveDevice(AccelifyCodemod):
             return updated_node  # `.to(self.device)` goes as a whole (ACC003)
         if loads_on_the_cpu(self, original_node):
             self.change(original_node, f"`map_location=self.{original_node.attr.value}` -> `map_location=\"cpu\"`")
-            return cst.SimpleString('"cpu"')
+            return cpu_string(self, original_node)
         self.change(original_node, f"`self.{original_node.attr.value}` -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
 

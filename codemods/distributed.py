@@ -15,7 +15,7 @@ from accelify.analysis import DATALOADERS, per_process_device, has_qname, ref_of
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr, loads_on_the_cpu
+from .base import AccelifyCodemod, accelerator_attr, cpu_string, loads_on_the_cpu
 
 
 class Distributed(AccelifyCodemod):
@@ -287,7 +287,7 @@ class Distributed(AccelifyCodemod):
             return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
         if loads_on_the_cpu(self, original_node):
             self.change(original_node, "per-rank `map_location` -> `\"cpu\"`")
-            return cst.SimpleString('"cpu"')
+            return cpu_string(self, original_node)
         self.change(original_node, f"per-rank device -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
 
@@ -328,7 +328,7 @@ class Distributed(AccelifyCodemod):
         if attribute in MAIN_TESTS and self._device_position(original):
             if loads_on_the_cpu(self, original):
                 self.change(original, "per-rank `map_location` -> `\"cpu\"`")
-                return cst.SimpleString('"cpu"')
+                return cpu_string(self, original)
             attribute = "device"
         code = cst.Module(body=[]).code_for_node(original)
         self.change(original, f"`{code}` -> `{accelerator}.{attribute}`")
