@@ -21,8 +21,6 @@ _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|
 #: Under ``torch.optim`` but no optimizer: the analysis never takes these for one.
 _NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
 _PARAMETERS = frozenset({"parameters", "named_parameters"})
-#: Methods of a model an inference script runs over a list (``accelify.analyses.evaluation``).
-_RUN_MODEL = frozenset({"eval", "load_state_dict"})
 #: Deep-learning frameworks other than PyTorch: a file that imports one of them and not torch is
 #: not a PyTorch script, however much it looks like one.
 _OTHER_FRAMEWORKS = frozenset({"paddle", "tensorflow", "jax", "flax", "mindspore", "oneflow", "mxnet", "keras"})
@@ -81,20 +79,11 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     trained: set[str] = set()  # names assigned a value with a `.parameters()` call in it
     roots: set[str] = set()  # the top-level packages the file imports (absolute imports)
     backward = False
-    loader = False  # the identifier `DataLoader`: an evaluation script's model may run over one
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr == "backward":
                 backward = True
-        elif isinstance(node, ast.Name) and node.id == "DataLoader":
-            loader = True
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RUN_MODEL:
-            loader = True  # `model.eval()`, `model.load_state_dict(...)`: inference over a list, perhaps
-        elif isinstance(node, ast.Attribute) and node.attr == "DataLoader":
-            loader = True
-        elif isinstance(node, ast.alias) and node.name.rpartition(".")[2] == "DataLoader":
-            loader = True
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
             if node.value is not None:
                 values.append(node.value)
@@ -124,7 +113,91 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     # No optimizer: the analysis only reports a backward (ACC125), or converts an evaluation over
     # a DataLoader (accelify.analyses.evaluation); neither in a file that names `Accelerator` (it
     # uses Accelerate already, or is Accelerate).
-    return (backward or loader) and not _names_accelerator(tree, source)
+    return (backward or _evaluates(tree) or _may_report_evaluation(tree)) and not _names_accelerator(tree, source)
+
+
+#: What makes a model of a called name (``accelify.analyses.evaluation.MODULE_METHODS``).
+_MODULE_METHODS = frozenset({"eval", "to", "cuda", "load_state_dict", "half", "bfloat16", "requires_grad_"})
+#: Calls on a model that run it.
+_RUNS = frozenset({"generate", "forward"})
+#: What an iterable is peeled of (``enumerate(tqdm(loader))``).
+_WRAPPERS = frozenset({"enumerate", "iter", "tqdm"})
+
+
+def _may_report_evaluation(tree: ast.AST) -> bool:
+    """Necessary for ACC133 (an evaluation accelify cannot pair: ``evaluation.unrecognised``): code
+    that runs (an ``if __name__ == "__main__":`` block, or a loop, ``with`` or call at module level),
+    a name treated as a module (``model.eval()``, ``net = Net().to(device)``), and a DataLoader or a
+    loop that reads such a name."""
+    module = tree.body if isinstance(tree, ast.Module) else []
+    if not any(isinstance(s, (ast.For, ast.While, ast.With)) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call))
+               or (isinstance(s, ast.If) and isinstance(s.test, ast.Compare) and isinstance(s.test.left, ast.Name)
+                   and s.test.left.id == "__name__") for s in module):
+        return False
+    evaluated: set[str] = set()  # names a module method is called on, or assigned a value built by one
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MODULE_METHODS:
+            if isinstance(node.func.value, ast.Name):
+                evaluated.add(node.func.value.id)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            value = node.value
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                if value.func.attr in _MODULE_METHODS:
+                    evaluated |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+                    break
+                value = value.func.value
+    if not evaluated:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)) and (node.id if isinstance(node, ast.Name) else node.attr) == "DataLoader":
+            return True
+        if isinstance(node, ast.For) and any(isinstance(n, ast.Name) and n.id in evaluated for n in ast.walk(node)):
+            return True
+    return False
+
+
+def _evaluates(tree: ast.AST) -> bool:
+    """Necessary for the analysis to find an evaluation (``accelify.analyses.evaluation.models``): a
+    module method (``.eval()``, ``.to(...)``...) called somewhere, and in some scope a ``for`` loop
+    over a name (peeled of ``enumerate``/``tqdm``) bound or received in that scope, whose body calls a
+    name (or its ``generate``) bound or received there too.  Generous: no types, no flow."""
+    if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MODULE_METHODS
+               for n in ast.walk(tree)):
+        return False
+    scopes: list[ast.AST] = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    for scope in scopes:
+        names: set[str] = set()  # bound in this scope: assigned, loop targets, parameters
+        loops: list[ast.For] = []
+        todo = list(ast.iter_child_nodes(scope))
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = scope.args
+            names |= {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+        while todo:
+            node = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue  # another scope
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif isinstance(node, ast.For):
+                loops.append(node)
+            todo.extend(ast.iter_child_nodes(node))
+        for loop in loops:
+            iterable = loop.iter
+            while isinstance(iterable, ast.Call) and iterable.args and isinstance(iterable.func, (ast.Name, ast.Attribute)) and (
+                    iterable.func.id if isinstance(iterable.func, ast.Name) else iterable.func.attr) in _WRAPPERS:
+                iterable = iterable.args[0]
+            if not (isinstance(iterable, ast.Name) and iterable.id in names):
+                continue
+            for node in ast.walk(loop):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                if isinstance(func, ast.Attribute) and func.attr in _RUNS:
+                    func = func.value
+                if isinstance(func, ast.Name) and func.id in names:
+                    return True
+    return False
 
 
 def _has_parameters(value: ast.expr) -> bool:

@@ -161,8 +161,12 @@ def test_results_collected_in_a_list_from_before_the_loop_are_refused():
 
 
 def test_the_precheck_lets_evaluation_scripts_through_and_not_other_files():
-    assert may_train(EVAL.format(setup="model = nn.Linear(4, 2)", body="        pass"))
-    assert may_train(LIST.format(loop="pass"))
+    assert may_train(EVAL.format(setup="model = nn.Linear(4, 2).to(device)", body="        out = model(x)"))
+    assert may_train(LIST.format(loop="for item in items:\n    results.append(model(item))"))
+    # a library module: nothing runs at import, no model run in a loop of its own scope
+    library = "import torch\nfrom torch.utils.data import DataLoader\n\n\ndef evaluate(loader, device):\n" \
+              "    for batch in loader:\n        yield batch.to(device)\n"
+    assert not may_train(library)
     assert not may_train("import torch\nx = torch.ones(3)\nprint(x.sum())\n")
 
 

@@ -392,10 +392,15 @@ def _printed_per_batch(facts: Facts, plan: Plan, loop: cst.For) -> Optional[str]
     if isinstance(loop.iter, cst.Call) and m.matches(loop.iter.func, m.Name("enumerate")) and isinstance(
             loop.target, cst.Tuple) and loop.target.elements and isinstance(loop.target.elements[0].value, cst.Name):
         index = loop.target.elements[0].value.value
-    data = set(assigned_names(loop.target)) - {index} | {
-        n for stmt, _ in iter_statements(loop.body) if (a := simple_assign(stmt)) is not None  # type: ignore[arg-type]
-        for t in a.targets for n in assigned_names(t.target)} | {
-        n for inner in findall(loop.body, m.For()) for n in assigned_names(inner.target)}  # type: ignore[attr-defined]
+    # what is computed from the batch: the loop's target (not its enumerate index), and what is
+    # assigned (or looped over) from it, in the body's order
+    data = set(assigned_names(loop.target)) - {index}
+    for stmt, _ in iter_statements(loop.body):  # type: ignore[arg-type]
+        if isinstance(stmt, cst.For) and {n.value for n in findall(stmt.iter, m.Name())} & data:  # type: ignore[attr-defined]
+            data |= set(assigned_names(stmt.target))
+        assign = simple_assign(stmt)
+        if assign is not None and {n.value for n in findall(assign.value, m.Name())} & data:  # type: ignore[attr-defined]
+            data |= {n for t in assign.targets for n in assigned_names(t.target)}
     gather = find_gather(facts, loop, plan)
     gathered_from = None
     if isinstance(gather, Gather):
