@@ -124,6 +124,23 @@ _RUNS = frozenset({"generate", "forward"})
 _WRAPPERS = frozenset({"enumerate", "iter", "tqdm"})
 
 
+_LIST_CALLS = frozenset({"list", "sorted", "glob", "listdir", "splitlines", "readlines"})
+
+
+def _bound_to_list(scope: ast.AST, name: str) -> bool:
+    """``name`` is assigned a list in ``scope`` (a literal, a comprehension, ``list(...)``,
+    ``sorted(...)``, ``glob.glob(...)``, ``text.splitlines()``...): what ``evaluation.plain_list`` takes."""
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            value = node.value
+            if isinstance(value, (ast.List, ast.ListComp)):
+                return True
+            if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)) and (
+                    value.func.id if isinstance(value.func, ast.Name) else value.func.attr) in _LIST_CALLS:
+                return True
+    return False
+
+
 def _may_report_evaluation(tree: ast.AST) -> bool:
     """Necessary for ACC133 (an evaluation accelify cannot pair: ``evaluation.unrecognised``): code
     that runs (an ``if __name__ == "__main__":`` block, or a loop, ``with`` or call at module level),
@@ -165,6 +182,9 @@ def _evaluates(tree: ast.AST) -> bool:
                for n in ast.walk(tree)):
         return False
     scopes: list[ast.AST] = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    loaders = any(isinstance(n, (ast.Name, ast.Attribute, ast.alias)) and (
+        n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.name.rpartition(".")[2]
+    ) == "DataLoader" for n in ast.walk(tree))
     for scope in scopes:
         names: set[str] = set()  # bound in this scope: assigned, loop targets, parameters
         loops: list[ast.For] = []
@@ -189,6 +209,8 @@ def _evaluates(tree: ast.AST) -> bool:
                 iterable = iterable.args[0]
             if not (isinstance(iterable, ast.Name) and iterable.id in names):
                 continue
+            if not loaders and not _bound_to_list(scope, iterable.id):
+                continue  # the analysis pairs a model with a DataLoader or a list
             for node in ast.walk(loop):
                 if not isinstance(node, ast.Call):
                     continue
