@@ -116,9 +116,9 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     return (backward or _evaluates(tree) or _may_report_evaluation(tree)) and not _names_accelerator(tree, source)
 
 
-#: What makes a model of a called name (``accelify.analyses.evaluation.MODULE_METHODS``).
+#: Copies of ``accelify.analyses.evaluation.MODULE_METHODS`` and ``_RUNS`` (tests/test_precheck.py
+#: checks they stay equal): what makes a model of a called name, and the calls on it that run it.
 _MODULE_METHODS = frozenset({"eval", "to", "cuda", "load_state_dict", "half", "bfloat16", "requires_grad_"})
-#: Calls on a model that run it.
 _RUNS = frozenset({"generate", "forward"})
 #: What an iterable is peeled of (``enumerate(tqdm(loader))``).
 _WRAPPERS = frozenset({"enumerate", "iter", "tqdm"})

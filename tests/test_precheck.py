@@ -253,6 +253,17 @@ def test_optimizer_name_pattern_is_plans() -> None:
     assert precheck._OPTIMIZER_NAME.flags == plan._OPTIMIZER_NAME.flags
 
 
+def test_the_precheck_s_copies_of_the_evaluation_analysis_stay_equal():
+    """precheck must not import LibCST, so it keeps its own copies of what an evaluation's model is
+    and what runs it; a copy narrower than the analysis would skip an evaluation script silently."""
+    from accelify.analyses import evaluation
+
+    assert precheck._MODULE_METHODS == evaluation.MODULE_METHODS
+    assert precheck._RUNS == evaluation._RUNS
+    # the analysis's list calls by qualified name, the precheck's by their last part (generous)
+    assert {name.rpartition(".")[2] for name in evaluation._LIST_CALLS} <= precheck._LIST_CALLS
+
+
 def _bypassed(monkeypatch: pytest.MonkeyPatch, source: str):
     monkeypatch.setattr(pipeline, "may_train", lambda _source: True)
     return pipeline.convert_source(source, "sample.py")

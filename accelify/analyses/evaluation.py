@@ -327,6 +327,8 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
     ``append``, ``add_batch``) are not such results."""
     from accelify.codemods.main_process_files import WRITERS
 
+    # assignments inside some loop: per-batch values, not results that outlive the loop
+    in_loops = {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
     for loop in facts.loops:
         if ref_of(facts, peel_iterable(facts, loop.iter)) not in plan.flow["loader"]:
             continue
@@ -334,7 +336,7 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
             continue  # a training loop: what it keeps is per process by nature (a running loss)
         # a training script's sample image of a batch (`if i == 0: save_image(...)`) is the main
         # process's batch, written once (ACC017): only an evaluation's files are its results
-        why = _kept(facts, loop, WRITERS if plan.evaluation else frozenset())
+        why = _kept(facts, loop, WRITERS if plan.evaluation else frozenset(), in_loops)
         if why is None and plan.evaluation:
             why = _printed_per_batch(facts, plan, loop)
         if why is not None:
@@ -349,9 +351,8 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
     return True
 
 
-def _kept(facts: Facts, loop: cst.For, writers: frozenset[str]) -> Optional[str]:
+def _kept(facts: Facts, loop: cst.For, writers: frozenset[str], in_loops: set[int]) -> Optional[str]:
     key = key_at(facts, loop)
-    in_loops = {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
     per_batch = set(assigned_names(loop.target))
 
     def outer(name: str) -> bool:
@@ -402,11 +403,11 @@ def _printed_per_batch(facts: Facts, plan: Plan, loop: cst.For) -> Optional[str]
         if assign is not None and {n.value for n in findall(assign.value, m.Name())} & data:  # type: ignore[attr-defined]
             data |= {n for t in assign.targets for n in assigned_names(t.target)}
     gather = find_gather(facts, loop, plan)
+    rows = [s for s, _ in iter_statements(loop.body)]  # type: ignore[arg-type]
     gathered_from = None
     if isinstance(gather, Gather):
-        rows = [s for s, _ in iter_statements(loop.body)]  # type: ignore[arg-type]
         gathered_from = next((i for i, s in enumerate(rows) if s is gather.statement), None)
-    for position, (stmt, _) in enumerate(iter_statements(loop.body)):  # type: ignore[arg-type]
+    for position, stmt in enumerate(rows):
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for call in findall(stmt, m.Call(func=m.Name("print") | m.Attribute(attr=m.Name("write"), value=m.Name("tqdm")))):

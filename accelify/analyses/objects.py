@@ -46,8 +46,6 @@ def optimizers(facts: Facts) -> Optimizers:
     model into a script that only samples from it)."""
     found: Optimizers = {}
     for ref, assigns in facts.assigns.items():
-        if _unused_method(facts, ref[0]):
-            continue
         for assign in assigns:
             value = assign.value
             # `Adam(...) if fine_tune else None` is an optimizer too (that can be None)
@@ -57,7 +55,8 @@ def optimizers(facts: Facts) -> Optimizers:
                     models = _optimizer_models(facts, call)
                     if models is not None:
                         found[ref] = (assign, models)
-    return found
+    # asked only of the scopes that build one: the question searches the whole module
+    return {ref: built for ref, built in found.items() if not _unused_method(facts, ref[0])}
 
 
 def _unused_method(facts: Facts, key: str) -> bool:
