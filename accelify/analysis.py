@@ -326,6 +326,18 @@ def direct_calls(visitor: cst.MetadataDependent, scope_of: cst.CSTNode, name: st
     return calls
 
 
+def enumerate_counter(loop: cst.For) -> set[str]:
+    """The batch index of ``for i, batch in enumerate(loader)`` (``tqdm(enumerate(loader))`` too): a
+    number the loop counts, not part of the batch."""
+    it: cst.BaseExpression = loop.iter
+    while isinstance(it, cst.Call) and not m.matches(it.func, m.Name("enumerate")) and it.args:
+        it = it.args[0].value  # tqdm(enumerate(loader), ...)
+    if m.matches(it, m.Call(func=m.Name("enumerate"))) and isinstance(loop.target, (cst.Tuple, cst.List)) \
+            and loop.target.elements:
+        return set(assigned_names(loop.target.elements[0].value))
+    return set()
+
+
 def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> cst.BaseExpression:
     """``enumerate(tqdm(loader))`` -> ``loader``; ``bar = tqdm(loader)`` ... ``enumerate(bar)`` too."""
     for _ in range(4):  # through a few such names, never round a cycle

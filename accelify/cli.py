@@ -440,7 +440,7 @@ def _print_verification(result) -> None:
 
 
 def _print_failure(console, run) -> None:
-    if run.stderr_tail:
+    if run.stderr_tail and run.device_error is None:  # the message names the line already
         console.print(f"last lines of the {run.name} run's stderr:", markup=False)
         for line in run.stderr_tail:
             console.print("    " + line, markup=False, style="dim", soft_wrap=True)

@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional, TextIO
 
 
+_ONE_LINE = re.compile(r"\s*\n\s*")
+
+
 @dataclass(frozen=True, order=True)
 class Change:
     """One rewrite a codemod applied. ``line`` is a line of the *original* file."""
@@ -33,6 +36,12 @@ class Finding:
     suggestion: str = ""
     #: In a notebook: the cell (1-based, over all its cells) ``line`` is a line of; else None.
     cell: Optional[int] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        # one line each: code quoted from a construct that spans lines (`dist.all_reduce(\n  x)`)
+        # would otherwise break the text, GitHub and grep-able outputs
+        for name in ("message", "suggestion"):
+            object.__setattr__(self, name, _ONE_LINE.sub(" ", getattr(self, name)))
 
     def to_dict(self) -> dict:
         return asdict(self)

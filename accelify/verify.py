@@ -23,10 +23,16 @@ Verdicts (``Verification.verdict``) and exit codes:
   failure is about CUDA, ``needs_launcher`` when the script reads what torchrun sets: a DDP
   original, whose conversion runs in one process and is still checked with ``processes``) or
   timed out;
+- ``would-fail-on-gpu`` (1): the converted run broke a GPU's device rule (accelify.runtime.checks:
+  every run emulates the accelerator's device on the CPU): a tensor on the host met one on the
+  device, or ``.numpy()`` of a tensor on the device; the message names the line;
 - ``unchanged`` (0): accelify leaves the file as it is (findings say why): nothing to verify.
 
 The multi-process run has its own verdict (``Verification.distributed.verdict``): ``ok`` (every
 rank ended cleanly after the same number of optimizer steps), ``uneven-steps`` (exit 1),
+``would-fail-on-gpu`` (exit 1), ``side-effects`` (exit 1: a file written by several processes, a
+download or an extraction on every process, a line printed repeatedly on a process other than
+the first; each named with its line),
 ``failed`` or ``timeout`` (exit 3). It never decides equality with the one-process losses (each
 rank trains on its own shard); rank 0's losses are shown.
 
@@ -53,6 +59,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+
+from accelify.runtime.checks import judge_side_effects
 
 #: Test hook: a file whose text is used instead of accelify's conversion.
 CONVERTED_OVERRIDE_VAR = "ACCELIFY_VERIFY_CONVERTED"
@@ -109,6 +117,12 @@ class Run:
     hook: Optional[str] = None
     #: what it printed (under a launcher, every rank's and the launcher's lines together)
     stdout: str = ""
+    #: the first operation that would fail on a GPU (accelify.runtime.checks' device check), if any
+    device_error: Optional[dict] = None
+    #: per rank: the files written, directories made, archives extracted, URLs downloaded
+    effects: dict[int, list[dict]] = field(default_factory=dict)
+    #: per rank: how many times each line of code printed (file, line, code, count)
+    prints: dict[int, list[dict]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -143,8 +157,10 @@ class Row:
 class Distributed:
     processes: int
     run: Run
-    verdict: str  # ok | uneven-steps | failed | timeout
+    verdict: str  # ok | uneven-steps | side-effects | would-fail-on-gpu | failed | timeout
     message: str
+    #: what the processes did that only several processes get wrong (see checks.judge_side_effects)
+    side_effects: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -237,6 +253,10 @@ def judge(path: str, steps: int, rtol: float, original: Run, converted: Run,
     rows = rows_of(original.losses, converted.losses, distributed.run.losses if distributed else None)
     result = Verification(path, steps, rtol, "", "", EXIT_EQUIVALENT, rows, original=original,
                           converted=converted, distributed=distributed)
+    if converted.device_error is not None:
+        result.verdict, result.exit_code = "would-fail-on-gpu", EXIT_DIFFERENT
+        result.message = converted.device_error["message"]
+        return result
     failed = [run for run in (original, converted) if not run.ok]
     if failed:
         run = failed[0]
@@ -283,7 +303,7 @@ def judge(path: str, steps: int, rtol: float, original: Run, converted: Run,
         what = "bit for bit" if verdict == "identical" else f"within a relative {rtol:g}"
         result.message = f"the same {count} losses over {steps_taken} optimizer steps, {what}"
     if distributed is not None and result.exit_code == EXIT_EQUIVALENT and distributed.verdict != "ok":
-        result.exit_code = EXIT_DIFFERENT if distributed.verdict == "uneven-steps" else EXIT_RUN_FAILED
+        result.exit_code = EXIT_RUN_FAILED if distributed.verdict in ("failed", "timeout") else EXIT_DIFFERENT
     return result
 
 
@@ -297,6 +317,8 @@ def _same_output(a: str, b: str) -> tuple[bool, int]:
 
 
 def judge_distributed(run: Run) -> Distributed:
+    if run.device_error is not None:
+        return Distributed(run.processes, run, "would-fail-on-gpu", run.device_error["message"])
     if run.timed_out:
         reached = ", ".join(f"rank {rank}: {steps}" for rank, steps in enumerate(run.steps)) or "no rank started"
         return Distributed(run.processes, run, "timeout", f"timed out after {run.seconds:.0f} s (optimizer steps {reached}): a hang?")
@@ -305,6 +327,9 @@ def judge_distributed(run: Run) -> Distributed:
         return Distributed(run.processes, run, "uneven-steps", f"the ranks took different numbers of optimizer steps ({reached})")
     if not run.ok:
         return Distributed(run.processes, run, "failed", describe_failure(run))
+    failures = judge_side_effects(run.effects, run.prints)
+    if failures:
+        return Distributed(run.processes, run, "side-effects", "; ".join(failures), failures)
     return Distributed(run.processes, run, "ok",
                        f"every rank took {run.steps[0]} optimizer steps and ended cleanly")
 
@@ -340,6 +365,7 @@ def run_environment(base: Optional[dict[str, str]] = None) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
         CUBLAS_WORKSPACE_CONFIG=":4096:8",
+        ACCELIFY_CHECKS="device,effects",
     )
     return env
 
@@ -359,6 +385,29 @@ class _Process:
     started: float
     last_steps: int = -1
     stdout_path: str = ""
+
+
+def _read_checks(run: Run, prefix: str) -> None:
+    """Fill in what the checks of accelify.runtime.checks recorded, rank by rank."""
+    for rank in range(run.processes):
+        path = f"{prefix}.{rank}.jsonl"
+        if not os.path.exists(path):
+            continue
+        effects: list[dict] = []
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                kind = event.get("event")
+                if kind == "device" and run.device_error is None:
+                    run.device_error = {**event, "rank": rank}
+                elif kind == "effect":
+                    effects.append(event)
+                elif kind == "prints":
+                    run.prints[rank] = event.get("counts", [])
+        run.effects[rank] = effects
 
 
 def _read_trace(prefix: str, processes: int) -> tuple[list[tuple[int, float]], list[int], list[Optional[str]], Optional[str]]:
@@ -453,6 +502,7 @@ def _wait(pending: list[_Process], timeout: float, progress: Optional[ProgressCa
             run.returncode = code
             run.seconds = time.monotonic() - proc.started
             run.losses, run.steps, run.ends, run.hook = _read_trace(proc.trace, run.processes)
+            _read_checks(run, proc.trace)
             with open(proc.stderr_path, encoding="utf-8", errors="replace") as handle:
                 lines = handle.read().splitlines()
             run.stderr_tail = lines[-STDERR_TAIL:]
@@ -473,6 +523,18 @@ def _kill(popen: subprocess.Popen) -> None:
         os.killpg(popen.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         popen.kill()
+
+
+def _name_converted_copy(run: Run, copy: str, shown: str) -> None:
+    """The checks name the converted copy's temporary file: name it as the user knows it."""
+
+    def renamed(record: dict) -> dict:
+        return {key: value.replace(copy, shown) if isinstance(value, str) else value for key, value in record.items()}
+
+    if run.device_error is not None:
+        run.device_error = renamed(run.device_error)
+    run.effects = {rank: [renamed(event) for event in events] for rank, events in run.effects.items()}
+    run.prints = {rank: [renamed(entry) for entry in entries] for rank, entries in run.prints.items()}
 
 
 def convert_for_verify(path: str, text: str) -> tuple[str, list[str], bool]:
@@ -546,6 +608,9 @@ def verify(
     finally:
         copy.unlink(missing_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
+    for run in (converted, multi):
+        if run is not None:
+            _name_converted_copy(run, copy.name, f"{script.name} (converted)")
     result = judge(path, steps, rtol, original, converted, judge_distributed(multi) if multi else None)
     result.findings = findings
     return result

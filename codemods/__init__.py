@@ -11,10 +11,13 @@ from .accumulation import GradientAccumulation
 from .backward import Backward
 from .base import AccelifyCodemod
 from .clipping import Clipping
+from .console_helpers import ConsoleHelpers
+from .counters import CountersOnDevice
 from .data_parallel import DataParallel
 from .device import RemoveDevice
 from .distributed import Distributed
 from .gather import GatherForMetrics
+from .host_inputs import HostInputs
 from .loading import Loading
 from .main_process import MainProcessOutput
 from .main_process_files import MainProcessFiles
@@ -26,6 +29,7 @@ from .saving import Saving
 from .seeding import Seeding
 from .split_inference import SplitInference
 from .unwrap import UnwrapModelAttributes
+from .visible_devices import LauncherDevices
 
 # The order matters:
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
@@ -45,11 +49,14 @@ from .unwrap import UnwrapModelAttributes
 # 5. the Accelerator near the end: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
+# LauncherDevices removes the script's CUDA_VISIBLE_DEVICES before the device codemod replaces the
+# device next to it; CountersOnDevice, HostInputs and ConsoleHelpers name the Accelerator, so they come before it.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    RemovePlacement, DataParallel, Distributed, RemoveDevice, AcceleratorParameter, Prepare, GradientAccumulation,
-    MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics, MainProcessFiles,
-    Seeding, NumpyOnCpu, SplitInference, AddAccelerator, MainProcessOutput,
+    RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, AcceleratorParameter, Prepare,
+    GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics,
+    MainProcessFiles, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, SplitInference, ConsoleHelpers, AddAccelerator,
+    MainProcessOutput,
 )
 
 

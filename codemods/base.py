@@ -240,7 +240,7 @@ class AccelifyCodemod(cst.CSTTransformer):
         # `x = x.to(device); y = y.to(device)`: the statements of the line left doing nothing go,
         # not those written so (a statement of the line that was not touched is kept as it is)
         kept = [new for old, new in zip(original_node.body, updated_node.body)
-                if not (is_noop(new) and _code(new) != _code(old))]
+                if not (is_noop(new) and flat_code(new) != flat_code(old))]
         if not kept:
             return self.remove(updated_node)
         if len(kept) == len(updated_node.body):
@@ -367,7 +367,7 @@ def accelerator_attr(accelerator: str, attr: str) -> cst.Attribute:
     return cst.parse_expression(f"{accelerator}.{attr}")  # type: ignore[return-value]
 
 
-def _code(node: cst.CSTNode) -> str:
+def flat_code(node: cst.CSTNode) -> str:
     text = cst.Module(body=[]).code_for_node(node)
     return "".join(text.split()).strip("()")
 
@@ -379,7 +379,7 @@ def is_noop(small: cst.BaseSmallStatement) -> bool:
     if not isinstance(small, cst.Assign) or len(small.targets) != 1:
         return False
     target, value = small.targets[0].target, small.value
-    if _code(target) == _code(value):
+    if flat_code(target) == flat_code(value):
         return True
     # batch = {k: v for k, v in batch.items()}
     if m.matches(
@@ -395,7 +395,7 @@ def is_noop(small: cst.BaseSmallStatement) -> bool:
     ):
         k, v = (e.value.value for e in value.for_in.target.elements)  # type: ignore[union-attr]
         if (value.key.value, value.value.value) == (k, v):  # type: ignore[union-attr]
-            return _code(value.for_in.iter.func.value) == _code(target)  # type: ignore[union-attr]
+            return flat_code(value.for_in.iter.func.value) == flat_code(target)  # type: ignore[union-attr]
     # batch = [t for t in batch] / tuple(t for t in batch)
     comp = value
     if m.matches(value, m.Call(func=m.Name("tuple") | m.Name("list"), args=[m.Arg(m.GeneratorExp() | m.ListComp())])):
@@ -403,8 +403,8 @@ def is_noop(small: cst.BaseSmallStatement) -> bool:
     if isinstance(comp, (cst.ListComp, cst.GeneratorExp)) and comp.for_in.inner_for_in is None and not comp.for_in.ifs:
         return (
             isinstance(comp.elt, cst.Name)
-            and _code(comp.elt) == _code(comp.for_in.target)
-            and _code(comp.for_in.iter) == _code(target)
+            and flat_code(comp.elt) == flat_code(comp.for_in.target)
+            and flat_code(comp.for_in.iter) == flat_code(target)
         )
     return False
 

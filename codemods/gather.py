@@ -13,7 +13,10 @@ from accelify.walk import findall
 
 from libcst.metadata import GlobalScope, ParentNodeProvider, ScopeProvider
 
-from accelify.analysis import assigned_names, iter_statements, peel_iterable, ref_of, simple_assign, string_value
+from accelify.analysis import (
+    assigned_names, assigned_values, enclosing_function, enumerate_counter, iter_statements, peel_iterable,
+    qualified_names, ref_of, simple_assign, string_value,
+)
 from accelify.plan import Plan
 
 from accelify.composite import Item
@@ -26,6 +29,14 @@ _METRIC_CALLS = m.Expr(m.Call(func=m.Attribute(attr=m.Name("append") | m.Name("e
 
 # Attributes of a tensor, not parts of an output object.
 _TENSOR_ATTRIBUTES = frozenset({"shape", "data", "T", "dtype", "device", "ndim", "real", "imag"})
+
+
+@dataclass
+class Refusal:
+    """Metrics that no gather makes right: the finding's message and suggestion."""
+
+    message: str
+    suggestion: str
 
 
 @dataclass
@@ -111,7 +122,7 @@ def _reads(stmt: cst.CSTNode) -> set[str]:
     return {n.value for n in findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
 
-def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Union[Gather, str, None]:
+def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Union[Gather, Refusal, str, None]:
     """An evaluation loop over a prepared dataloader whose metrics read the model's outputs.
 
     The gather goes right before the first statement that no longer keeps one row per
@@ -127,7 +138,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     if findall(loop.body, m.Attribute(attr=m.Name("backward") | m.Name("gather_for_metrics"))) or _gathers(loop, plan):
         return None
     rows = list(_statements(loop.body))
-    derived = set(assigned_names(loop.target))  # anything computed from the batch
+    derived = set(assigned_names(loop.target)) - enumerate_counter(loop)  # anything computed from the batch
     defined_at: dict[str, int] = {n: -1 for n in derived}
     call_at = None
     for position, (_, stmt) in enumerate(rows):
@@ -209,6 +220,9 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
                 return (f"they slice the first dimension of `{sub.value.value}` (`{code}`): gathered, it holds "  # type: ignore[attr-defined]
                         "every process's rows one after the other (or it is not the sample dimension at all, "
                         "as in time-major sequences), so the slice would take other values")
+    mean = _batch_means_over_samples(visitor, loop, later, set(gathered))
+    if mean is not None:
+        return mean
     names: list[str] = []
     values: list[str] = []
     nodes: list[Optional[cst.CSTNode]] = []
@@ -251,6 +265,80 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     if not names:
         return None
     return Gather(block, statement, names, values, replace, nodes)
+
+
+_FUNCTIONAL = "torch.nn.functional."
+
+
+def _reduction(call: cst.Call) -> Optional[str]:
+    """The ``reduction=`` a loss call or construction names (``size_average=False``: "sum"), else None."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "reduction":
+            return string_value(arg.value) or "?"
+        if arg.keyword is not None and arg.keyword.value == "size_average" and m.matches(arg.value, m.Name("False")):
+            return "sum"
+    return None
+
+
+def _mean_loss(visitor: cst.MetadataDependent, call: cst.Call) -> bool:
+    """``F.cross_entropy(out, y)`` or ``criterion(out, y)`` with ``criterion = nn.CrossEntropyLoss()``:
+    a loss that averages over the batch (the default reduction)."""
+    names = qualified_names(visitor, call.func)
+    if any(n.startswith(_FUNCTIONAL) and n.endswith(("loss", "entropy", "kl_div")) for n in names):
+        return _reduction(call) in (None, "mean")
+    if not isinstance(call.func, cst.Name) or _reduction(call) is not None:
+        return False
+    made = assigned_values(visitor, call.func)
+    return len(made) == 1 and isinstance(made[0], cst.Call) and _reduction(made[0]) in (None, "mean") and any(
+        n.startswith("torch.nn.") and n.endswith("Loss") for n in qualified_names(visitor, made[0].func))
+
+
+def _batch_means_over_samples(visitor: cst.MetadataDependent, loop: cst.For, later: Sequence[cst.BaseStatement],
+                              gathered: set[str]) -> Optional[str]:
+    """``test_loss += criterion(output, target).item()`` over gathered values, then ``test_loss /=
+    len(test_loader.dataset)``: each per-batch mean is over N times as many samples and the loop runs
+    1/N as many times, so the loss divided by the number of samples is 1/N of the one-process value.
+    (Divided by the number of batches, it is the mean of the batch means, as in one process.)"""
+    sums = {}
+    means: dict[str, cst.Call] = {}  # `loss = criterion(outputs, labels)`, then `test_loss += loss.item()`
+    for statement in later:
+        assign = simple_assign(statement)
+        if assign is not None:
+            calls = [c for c in findall(assign.value, m.Call()) if _mean_loss(visitor, c)]  # type: ignore[attr-defined]
+            if calls and _reads(calls[0]) & gathered:
+                means.update(dict.fromkeys(_targets(assign), calls[0]))
+        for step in findall(statement, m.AugAssign(operator=m.AddAssign(), target=m.Name())):
+            calls = [c for c in findall(step.value, m.Call()) if _mean_loss(visitor, c)]  # type: ignore[attr-defined]
+            if calls and _reads(calls[0]) & gathered:
+                sums[step.target.value] = calls[0]  # type: ignore[attr-defined]
+            elif isinstance(step.value, cst.Call) and m.matches(step.value.func, m.Attribute(value=m.Name(), attr=m.Name("item"))) \
+                    and step.value.func.value.value in means:  # type: ignore[attr-defined]
+                sums[step.target.value] = means[step.value.func.value.value]  # type: ignore[attr-defined]
+    if not sums:
+        return None
+    root: cst.CSTNode = enclosing_function(visitor, loop) or loop
+    while not isinstance(root, (cst.FunctionDef, cst.Module)):
+        root = visitor.get_metadata(ParentNodeProvider, root)
+    samples = {n for a in findall(root, m.Assign()) if findall(a.value, _DATASET_LENGTH)  # type: ignore[attr-defined]
+               for t in a.targets for n in assigned_names(t.target)}  # type: ignore[attr-defined]
+    for division in findall(root, m.AugAssign(operator=m.DivideAssign()) | m.BinaryOperation(operator=m.Divide())):
+        total = division.target if isinstance(division, cst.AugAssign) else division.left  # type: ignore[attr-defined]
+        by = division.value if isinstance(division, cst.AugAssign) else division.right  # type: ignore[attr-defined]
+        if isinstance(total, cst.Name) and total.value in sums and (
+                findall(by, _DATASET_LENGTH) or (isinstance(by, cst.Name) and by.value in samples)):
+            loss = cst.Module(body=[]).code_for_node(sums[total.value])
+            return Refusal(
+                f"`{total.value}` adds up per-batch means (`{loss}` averages over the batch) and is divided by the "
+                "number of samples: over gathered batches each mean covers every process's samples and the loop "
+                "runs 1/N as many times, so the printed loss would be 1/N of the one-process value. File not "
+                "converted.",
+                "add up sums (`reduction=\"sum\"`) to divide by the number of samples, or divide the sum of the "
+                "means by the number of batches; then convert again.",
+            )
+    return None
+
+
+_DATASET_LENGTH = m.Call(func=m.Name("len"), args=[m.Arg(m.Attribute(attr=m.Name("dataset")))])
 
 
 #: What a script already on Accelerate calls to collect its metrics itself.
@@ -417,6 +505,9 @@ class GatherForMetrics(AccelifyCodemod):
         if gather is None:
             return
         accelerator = self.accelerator_at(node)
+        if isinstance(gather, Refusal):
+            self.refuse(node, "ACC114", gather.message, gather.suggestion)
+            return
         if isinstance(gather, str):
             self.refuse(
                 node, "ACC114", f"evaluation metrics over a prepared dataloader would count one process's shard "

@@ -165,8 +165,7 @@ class MainProcessFiles(AccelifyCodemod):
             return None
         if key_at(self, stmt) != self.plan.setup:
             return None
-        parent = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, stmt, None), None)
-        if isinstance(parent, cst.With) and findall(parent, m.Attribute(attr=m.Name("main_process_first"))):
+        if self._main_process_first(stmt):
             return None  # already downloaded by the main process first
         accelerator = self.accelerator_at(stmt)
         block = self.get_metadata(ParentNodeProvider, stmt, None)
@@ -178,12 +177,37 @@ class MainProcessFiles(AccelifyCodemod):
             return None  # in a loop or a nested function
         before = list(block.body[: next(i for i, s in enumerate(block.body) if s is stmt)])
         if self._created:
-            # created where the device was: this statement must come after it, in the same block
-            if not any(id(s) in self._site for s in before):
+            # created where the device was: this statement must come after it (in the same block, or
+            # in an `if` branch after it: the dataset chosen by an option)
+            if not self._after_site(stmt):
                 return None
         elif any(binds(s, self.plan.argument_names) for s in block.body[len(before):]):
             return None  # the Accelerator's arguments are bound after this: it cannot come before
         return accelerator
+
+    def _main_process_first(self, node: cst.CSTNode) -> bool:
+        """Is ``node`` inside a ``with ....main_process_first():`` block?"""
+        current = self.get_metadata(ParentNodeProvider, node, None)
+        while current is not None:
+            if isinstance(current, cst.With) and any(
+                    findall(item.item, m.Attribute(attr=m.Name("main_process_first"))) for item in current.items):
+                return True
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return False
+
+    def _after_site(self, stmt: cst.CSTNode) -> bool:
+        """Does ``stmt``, or a statement around it, come after the statement that creates the Accelerator
+        in the same block?"""
+        node: Optional[cst.CSTNode] = stmt
+        while node is not None:
+            parent = self.get_metadata(ParentNodeProvider, node, None)
+            body = getattr(parent, "body", None)
+            if isinstance(body, (list, tuple)) and any(s is node for s in body):
+                before = body[: next(i for i, s in enumerate(body) if s is node)]
+                if any(id(s) in self._site for s in before):
+                    return True
+            node = parent
+        return False
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         super().visit_SimpleStatementLine(node)
@@ -208,7 +232,8 @@ class MainProcessFiles(AccelifyCodemod):
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
         elif self.plan.evaluation and self._per_batch_write(node):
             return
-        elif _downloads(node) and id(self._line_of_statement(node)) not in self._first:
+        elif _downloads(node) and id(self._line_of_statement(node)) not in self._first \
+                and not self._main_process_first(node):
             what = "`download=True`: every process downloads into the same place at once"
             how = "build the dataset under `with accelerator.main_process_first():`"
         if what is not None:

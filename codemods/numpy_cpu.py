@@ -5,10 +5,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.analyses.data import is_hand_made
-from accelify.analysis import receiver_refs, ref_of
+from accelify.analyses.data import is_hand_made, places_nothing
 from accelify.plan import Plan
-from accelify.walk import findall
 
 from .base import AccelifyCodemod
 
@@ -62,14 +60,7 @@ class NumpyOnCpu(AccelifyCodemod):
         return ".numpy()" in code and ".cuda(" not in code
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.active = not any(self._places(call) for call in findall(node, m.Call(func=m.Attribute(attr=m.Name("to")))))
-
-    def _places(self, call: cst.Call) -> bool:
-        """``model.to(...)`` or ``x.to(device)``: the original placed something itself."""
-        models, devices = self.plan.flow["model"], self.plan.flow["device"]
-        if any(ref in models for ref in receiver_refs(self, call.func.value)):  # type: ignore[attr-defined]
-            return True
-        return any(ref_of(self, arg.value) in devices for arg in call.args)
+        self.active = places_nothing(self, self.plan, node)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self.active or original_node.args or not m.matches(original_node.func, m.Attribute(attr=m.Name("numpy"))):

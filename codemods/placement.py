@@ -14,6 +14,7 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, Qualified
 from accelify.analysis import (
     assigned_names,
     has_qname,
+    is_availability_check,
     assigned_values,
     key_at,
     classify_device,
@@ -30,7 +31,7 @@ from accelify.analyses.ranks import MAIN_TESTS, rank_attribute
 from accelify.composite import remove_imports_of
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr, is_noop
+from .base import AccelifyCodemod, accelerator_attr, flat_code, is_noop
 from .data_parallel import DATA_PARALLEL
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
@@ -170,6 +171,31 @@ class RemovePlacement(AccelifyCodemod):
         elif self._is_derived(node.iter, self._current_derived()):
             seed = set(assigned_names(node.target))
         self._derived.append(self._loop_derived(node, seed | self._current_derived()) if seed else set())
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Union[cst.BaseStatement, cst.FlattenSentinel]:
+        """``if torch.cuda.is_available(): x = x.cuda()`` rewritten to ``.to(accelerator.device)``: the
+        guard goes with it (and an ``else:`` that does the same without the placement). The
+        accelerator's device is not always CUDA (MPS, a TPU, ``cpu=True``); left under the guard, the
+        tensor would stay on the host there while the model is placed."""
+        result = super().leave_If(original_node, updated_node)
+        if result is not updated_node or not isinstance(updated_node.body, cst.IndentedBlock) \
+                or not is_availability_check(self, original_node.test):
+            return result
+        accelerator = self.accelerator_at(original_node)
+        body = list(updated_node.body.body)
+        if accelerator is None or not body or flat_code(updated_node.body) == flat_code(original_node.body):
+            return result
+        device = f"{accelerator}.device"
+        if original_node.orelse is None:
+            if not all(_places_on(statement, device) for statement in body):
+                return result
+        elif not isinstance(updated_node.orelse, cst.Else) or flat_code(
+                updated_node.body.visit(_Unplaced(device))) != flat_code(updated_node.orelse.body):
+            return result  # `else:` does something else than the same code without the placement
+        self.change(original_node, "the availability check around the placement goes with it: the accelerator's "
+                                   "device is not always CUDA (MPS, TPU, `cpu=True`)")
+        body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+        return cst.FlattenSentinel(body)
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.BaseStatement]:
         self._derived.pop()
@@ -471,3 +497,38 @@ def vanishing_statements(shared) -> frozenset[int]:
         if stripped and expr is not None and is_noop(cst.Assign(targets=assign.targets, value=expr)):
             found.add(id(stmt))
     return frozenset(found)
+
+
+def _places_on(statement: cst.BaseStatement, device: str) -> bool:
+    """``x = x.to(accelerator.device)``, ``a, b = a.to(...), b.to(...)``, ``model.to(accelerator.device)``:
+    a line that only places tensors on ``device``."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+
+    def placed(value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.Tuple):
+            return all(placed(element.value) for element in value.elements)
+        return m.matches(value, m.Call(func=m.Attribute(attr=m.Name("to")))) and bool(value.args) and \
+            flat_code(value.args[0].value) == device.replace(" ", "")  # type: ignore[attr-defined]
+
+    for small in statement.body:
+        if isinstance(small, cst.Assign) and placed(small.value):
+            continue
+        if isinstance(small, cst.Expr) and placed(small.value):
+            continue
+        return False
+    return True
+
+
+class _Unplaced(cst.CSTTransformer):
+    """The code without its ``.to(<device>)`` calls: what an ``else:`` beside a placement does."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.device = device.replace(" ", "")
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if m.matches(updated_node.func, m.Attribute(attr=m.Name("to"))) and len(updated_node.args) == 1 \
+                and flat_code(updated_node.args[0].value) == self.device:
+            return updated_node.func.value  # type: ignore[attr-defined]
+        return updated_node

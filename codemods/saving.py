@@ -94,9 +94,30 @@ class Saving(AccelifyCodemod):
             first = call.args[0].value  # type: ignore[attr-defined]
             if isinstance(first, cst.Name):  # `checkpoint = {...}` or `checkpoint = model.state_dict()`
                 dicts.extend(v for v in assigned_values(self, first) if isinstance(v, (cst.Dict, cst.Call)))
+                dicts.extend(self._handed_dicts(module, first))
             elif isinstance(first, cst.Dict):
                 dicts.append(first)
         return dicts
+
+    def _handed_dicts(self, module: cst.Module, name: cst.Name) -> list[cst.Dict]:
+        """``save_checkpoint({"state_dict": model.state_dict(), ...}, is_best, path)``: the dicts the calls
+        of a module-level helper hand to the parameter its ``torch.save`` writes."""
+        function = enclosing_function(self, name)
+        if function is None or not any(f is function for f in module.body):
+            return []
+        params = [p.name.value for p in function.params.params]
+        if name.value not in params:
+            return []
+        position = params.index(name.value)
+        found = []
+        for call in findall(module, m.Call(func=m.Name(function.name.value))):
+            args = call.args  # type: ignore[attr-defined]
+            keyword = [a.value for a in args if a.keyword is not None and a.keyword.value == name.value]
+            positional = [a.value for a in args if a.keyword is None]
+            value = keyword[0] if keyword else positional[position] if position < len(positional) else None
+            if isinstance(value, cst.Dict):
+                found.append(value)
+        return found
 
     def _model_states(self, dicts: list[cst.BaseExpression]) -> set[int]:
         """``model.state_dict()`` calls in those checkpoints: saved from the unwrapped model."""

@@ -17,6 +17,7 @@ What the stand-in ``Accelerator`` supports (anything else raises ``TypeError`` a
   ``gradient_accumulation_steps`` and ``kwargs_handlers`` (``DistributedDataParallelKwargs``,
   which one process does not use);
 - device: CUDA when available, else MPS, else the CPU; ``cpu=True`` forces the CPU;
+  ``$ACCELERATE_TORCH_DEVICE`` names another, as for Accelerate;
 - mixed precision as Accelerate does it in one process: ``"bf16"`` autocasts on the device
   (CPU, CUDA with bfloat16 support, MPS); ``"fp16"`` autocasts and scales the loss with a
   GradScaler on CUDA, and on the CPU does nothing at all (as Accelerate, which enables fp16 only on
@@ -167,7 +168,8 @@ class Accelerator:
                 raise ValueError("You can only pass one DistributedDataParallelKwargs in `kwargs_handlers`.")
             self.ddp_handler = handler
 
-        self._device = torch.device("cpu") if cpu else _default_device()
+        chosen = os.environ.get("ACCELERATE_TORCH_DEVICE")  # as Accelerate's PartialState reads it
+        self._device = torch.device(chosen) if chosen else torch.device("cpu") if cpu else _default_device()
         self._mixed_precision = precision
         self.gradient_state = GradientState(gradient_accumulation_steps)
         self.step = 0

@@ -13,6 +13,13 @@ Environment:
   ``{"event": "start", "rank", "world", "pid", "hook"}``, ``{"event": "loss", "step", "value"}``
   for every backward pass, ``{"event": "step", "steps"}`` after every optimizer step and
   ``{"event": "end", "reason", "steps", "world", "error"}`` when the script ends.
+- ``ACCELIFY_CHECKS``: the checks of ``accelify.runtime.checks`` to run, comma-separated:
+  ``device`` (the emulation of a GPU's device rules: a mismatch is recorded as
+  ``{"event": "device", "file", "line", "code", "name", "op", "message"}`` and raised, as CUDA
+  would) and ``effects`` (files written, directories made, archives extracted, URLs downloaded:
+  ``{"event": "effect", "kind", "path", "file", "line", "code"}``, the first print of each line of
+  code too, and ``{"event": "prints", "counts": [...]}`` when the script ends). ``accelify verify``
+  runs both.
 - ``ACCELIFY_TRACE_STEPS``: after that many optimizer steps (0 or unset: no limit) the process
   ends cleanly: the step hook raises ``StepLimitReached`` (a ``SystemExit(0)``, which no
   ``except Exception`` catches), the end is recorded, and under a process group every rank (they
@@ -40,15 +47,16 @@ This module depends on torch only (never libcst, rich or typer). Importing it ru
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import json
 import os
 import runpy
 import sys
 
+from accelify.runtime.checks import after_import
+
 TRACE_VAR = "ACCELIFY_TRACE"
 STEPS_VAR = "ACCELIFY_TRACE_STEPS"
+CHECKS_VAR = "ACCELIFY_CHECKS"
 
 
 class StepLimitReached(SystemExit):
@@ -66,6 +74,7 @@ class _Recorder:
         self.steps = 0
         self.depth = 0  # > 0 inside a backward already recorded
         self.ended = False
+        self.effects = None  # accelify.runtime.checks.SideEffects, when that check runs
         self.out = open(path, "a", encoding="utf-8")
 
     def write(self, **event) -> None:
@@ -89,6 +98,8 @@ class _Recorder:
         if self.ended:
             return
         self.ended = True
+        if self.effects is not None:
+            self.write(event="prints", counts=self.effects.summary())
         self.write(event="end", reason=reason, steps=self.steps, world=_world(), error=error)
 
 
@@ -155,10 +166,7 @@ def _install(recorder: _Recorder) -> None:
         if cls is not None and not hasattr(cls.backward, "__wrapped__"):
             cls.backward = recorded(cls.backward, accelerator_loss)
 
-    if "accelerate.accelerator" in sys.modules:
-        patch_accelerate(sys.modules["accelerate.accelerator"])
-    else:
-        sys.meta_path.insert(0, _AfterImport("accelerate.accelerator", patch_accelerate))
+    after_import("accelerate.accelerator", patch_accelerate)
 
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: recorder.step())
     hold_ended_groups()
@@ -194,31 +202,15 @@ def hold_ended_groups() -> list:
     return _ENDED_GROUPS
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` right after ``name`` is imported (once; the import is untouched)."""
+def _install_checks(names: str, recorder: _Recorder | None) -> None:
+    """Install the checks ``names`` lists (see ``ACCELIFY_CHECKS``), recording to ``recorder``."""
+    from accelify.runtime import checks
 
-    def __init__(self, name: str, then) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module, then = loader.exec_module, self.then
-
-        def run(module):
-            exec_module(module)
-            try:
-                then(module)
-            except Exception:  # pragma: no cover - never break the user's import
-                pass
-
-        loader.exec_module = run
-        return spec
+    wanted = {name.strip() for name in names.split(",") if name.strip()}
+    if "effects" in wanted and recorder is not None:
+        recorder.effects = checks.install_side_effects(lambda event: recorder.write(**event))
+    if "device" in wanted:
+        checks.install_device_check(None if recorder is None else lambda details: recorder.write(event="device", **details))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         recorder.write(event="start", rank=rank, world=int(os.environ.get("WORLD_SIZE", "1")), pid=recorder.pid,
                        hook=os.path.abspath(__file__))
         _install(recorder)
+    _install_checks(os.environ.get(CHECKS_VAR, ""), recorder)
 
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would have it

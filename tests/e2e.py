@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from accelify.runtime.checks import judge_side_effects
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
 STUBS = Path(__file__).resolve().parent / "stubs"
@@ -402,4 +404,8 @@ def run_traced(script: Path, env: dict[str, str], processes: int = 1, block: tup
         assert path.exists(), f"rank {rank} left no trace\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         traces.append(json.loads(path.read_text(encoding="utf-8")))
         assert traces[-1]["world"] == processes, f"rank {rank} ran in a world of {traces[-1]['world']}"
+    if processes > 1:
+        failures = judge_side_effects({rank: t["effects"] for rank, t in enumerate(traces)},
+                                      {rank: t["prints"] for rank, t in enumerate(traces)})
+        assert not failures, "side effects on every process:\n" + "\n".join(failures)
     return Run(proc, outputs, traces)

@@ -13,7 +13,13 @@ hooks watch it, and ``{prefix}.{rank}.json`` receives, when it ends:
 - ``saves``: every ``torch.save`` (``accelerator.save`` goes through it): the file name, the keys
   when it saved a dict, and a checksum of the tensors it saved;
 - ``accelerate_imported``: whether the run imported accelerate;
-- ``world`` (the size of the process group, at the end or when the script ended it) and ``rank``.
+- ``world`` (the size of the process group, at the end or when the script ended it) and ``rank``;
+- ``effects`` and ``prints``: the files it wrote, directories it made, archives it extracted, URLs
+  it downloaded and how often each line of code printed (``accelify.runtime.checks``).
+
+Every run, traced or not, emulates a GPU's device rules (``accelify.runtime.checks``): a host
+tensor meeting one on the accelerator's device, or ``.numpy()`` of one on the device, fails the
+run with the line that did it, as it would fail on a GPU.
 
 With ``$E2E_RANK_STDOUT`` set, file descriptor 1 of each rank goes to ``{prefix}.{rank}``, so the
 ranks' prints can neither interleave nor be confused with each other.
@@ -30,6 +36,8 @@ import json
 import os
 import runpy
 import sys
+
+_open = open  # the wrapper's own files are not the script's side effects
 
 
 def _checksum(tensors):
@@ -128,6 +136,13 @@ def main():
     ended = hold_ended_groups()
     trace = os.environ.get("E2E_TRACE")
     report = _install_trace(ended) if trace else None
+    # Every run emulates a GPU's device rules, and a traced one records its side effects
+    # (accelify.runtime.checks): what a CPU run cannot show otherwise.
+    from accelify.runtime import checks
+
+    effects = []
+    recorder = checks.install_side_effects(effects.append) if trace else None
+    checks.install_device_check()
 
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
@@ -143,8 +158,9 @@ def main():
         world = dist.get_world_size() if running else 1
         if report is not None:
             found = report()
+            found["effects"], found["prints"] = effects, recorder.summary()
             world = max(world, found.pop("ended_world") or 1)
-            with open(f"{trace}.{rank}.json", "w", encoding="utf-8") as out:
+            with _open(f"{trace}.{rank}.json", "w", encoding="utf-8") as out:
                 json.dump({"world": world, "rank": rank, **found}, out)
         if running:
             dist.barrier()

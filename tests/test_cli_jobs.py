@@ -324,7 +324,7 @@ def test_findings_without_a_position_show_none() -> None:
     stream = io.StringIO()
     report_github([Done()], stream)
     assert stream.getvalue().splitlines() == [
-        "::warning file=a%2Cb.py,title=accelify ACC121::50%25 done%0Anext",
+        "::warning file=a%2Cb.py,title=accelify ACC121::50%25 done next",  # a finding is one line
         "::warning file=a%2Cb.py,line=4,col=2,title=accelify ACC108::m",
     ]
 

@@ -185,3 +185,40 @@ def test_an_evaluation_script_verifies_by_its_printed_output(tmp_path):
     assert (result.verdict, result.exit_code) == ("same-output", 0), result.message
     assert "wrote 45 predictions" in result.original.stdout
     assert result.distributed.verdict == "ok", result.distributed.message
+
+
+def test_a_host_tensor_fed_to_the_prepared_model_would_fail_on_a_gpu(tmp_path):
+    """verify runs every script with the device check (accelify.runtime.checks): a prediction on a
+    tensor left on the host after training is reported with its line, though the CPU run works."""
+    folder = tmp_path
+    shutil.copy(REPO / "examples" / "train.py", folder / "train.py")
+    converted = convert_source((folder / "train.py").read_text(encoding="utf-8"), "train.py").output
+    broken = tmp_path / "broken.txt"
+    text = converted.rstrip("\n") + "\nsample = features[0]\nprint(model(sample[None]))\n"
+    broken.write_text(text, encoding="utf-8")
+    line = text.splitlines().index("print(model(sample[None]))") + 1
+    env = {**script_env(), "ACCELIFY_VERIFY_CONVERTED": str(broken)}
+    result = _verify(folder, "train.py", "--steps", "100", env=env, expect=1)
+    assert result["verdict"] == "would-fail-on-gpu"
+    assert result["message"].startswith(f"train.py (converted):{line} `print(model(sample[None]))`: `sample` is on the host")
+    assert result["converted"]["device_error"]["line"] == line
+    assert result["original"]["device_error"] is None  # the original placed nothing on the emulated device
+
+
+def test_a_file_written_by_every_process_is_reported(tmp_path):
+    folder = tmp_path
+    shutil.copy(REPO / "examples" / "train.py", folder / "train.py")
+    converted = convert_source((folder / "train.py").read_text(encoding="utf-8"), "train.py").output
+    broken = tmp_path / "broken.txt"
+    text = converted.rstrip("\n") + '\nwith open("log.txt", "w") as log:\n    log.write("done")\n'
+    broken.write_text(text, encoding="utf-8")
+    line = text.splitlines().index('with open("log.txt", "w") as log:') + 1
+    env = {**script_env(), "ACCELIFY_VERIFY_CONVERTED": str(broken)}
+    result = _verify(folder, "train.py", "--steps", "100", "--processes", "2", env=env, expect=1)
+    assert result["verdict"] == "identical"  # one process: the same losses
+    distributed = result["distributed"]
+    assert distributed["verdict"] == "side-effects"
+    assert distributed["side_effects"] == [
+        f'train.py (converted):{line} `with open("log.txt", "w") as log:` writes {folder / "log.txt"} '
+        "on every process (ranks 0, 1)"
+    ]

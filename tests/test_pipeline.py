@@ -158,3 +158,11 @@ def test_a_download_before_the_accelerator_exists_is_reported_not_wrapped() -> N
     assert "accelerator.backward(loss)" in result.output
     finding = next(f for f in result.findings if f.code == "ACC127")
     assert "download=True" in finding.message
+
+
+def test_a_finding_is_one_line_even_when_it_quotes_code_over_several():
+    from accelify.report import Finding
+
+    finding = Finding("train.py", 3, 1, "ACC126", "`dist.all_reduce(\n        total)` is kept", "drop\n    it")
+    assert finding.message == "`dist.all_reduce( total)` is kept" and finding.suggestion == "drop it"
+    assert "\n" not in finding.render()

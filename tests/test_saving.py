@@ -86,3 +86,42 @@ def test_a_load_after_a_save_under_a_test_waits_for_the_main_process() -> None:
         '    accelerator.unwrap_model(model).load_state_dict(torch.load("best.pt"))\n'
     ) in output
     assert_stable(output)
+
+
+HELPER = """\
+import shutil
+
+import torch
+from torch.utils.data import DataLoader
+
+
+def save_checkpoint(state, is_best, filepath):
+    torch.save(state, filepath + "/checkpoint.pth.tar")
+    if is_best:
+        shutil.copyfile(filepath + "/checkpoint.pth.tar", filepath + "/model_best.pth.tar")
+
+
+loader = DataLoader(make_dataset(), batch_size=8)
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    for x, y in loader:
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+    save_checkpoint({
+        "epoch": epoch + 1,
+        "state_dict": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+    }, epoch == 2, filepath="out")
+"""
+
+
+def test_a_checkpoint_dict_handed_to_a_save_helper_holds_the_unwrapped_model() -> None:
+    """The rethinking-network-pruning / ImageNet-example shape: on N processes `model.state_dict()`
+    would have DDP's `module.` keys, and `--resume` of the checkpoint would fail in one process."""
+    output = convert(HELPER).output
+    assert '"state_dict": accelerator.unwrap_model(model).state_dict(),' in output
+    assert '"optimizer": optimizer.state_dict(),' in output
+    assert "    if accelerator.is_main_process:\n        torch.save(state" in output  # written once
+    assert_stable(output)

@@ -13,7 +13,7 @@ and ACC123; the note ACC124.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -21,7 +21,9 @@ from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import DATALOADERS, enclosing_function, has_qname, peel_iterable, ref_of
+from accelify.analysis import (
+    DATALOADERS, enclosing_function, has_qname, peel_iterable, receiver_refs, ref_of, string_value,
+)
 from accelify.walk import findall
 
 if TYPE_CHECKING:
@@ -41,6 +43,19 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     hand and places nothing: ``prepare`` would move the model and leave the data on the CPU."""
     if plan.devices or plan.has_accelerator or ".cuda(" in facts.module.code:
         return True  # the script places things itself: it already moves what it makes
+    moved = _model_moved(facts, plan)
+    if moved is not None:
+        device = code_of(moved.args[0].value)
+        facts.finding(
+            plan, moved, "ACC108",
+            f"`{code_of(moved)}`: the script moves its model to `{device}`, a device accelify cannot follow to a "
+            "choice it knows (`torch.device(...)`, `\"cuda\"`, `\"cpu\"`); left in place, every process would "
+            "use that one device, and removed, what the script moves there by hand would stay behind. File not "
+            "converted.",
+            f"choose the device where the script builds the model (`device = torch.device(\"cuda\" if "
+            f"torch.cuda.is_available() else \"cpu\")`) instead of `{device}`, or use `accelerator.device`.",
+        )
+        return False
     if not plan.dataloaders and any(has_qname(facts, c.func, _TENSOR_FACTORIES) for c in facts.calls):
         facts.finding(
             plan, first, "ACC121", "the training data does not come from a DataLoader and the script places nothing "
@@ -65,6 +80,22 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     return True
 
 
+def _model_moved(facts: Facts, plan: Plan) -> Optional[cst.Call]:
+    """``model.to(device)`` (``model = model.to(device)``) where ``device`` is none of the devices
+    accelify knows: the script places its model after all, on a device chosen elsewhere
+    (``device = torch_utils.select_device()``, ``args.device``)."""
+    models = plan.flow["model"]
+    for call in facts.calls:
+        if not m.matches(call.func, m.Attribute(attr=m.Name("to"))) or not call.args or call.args[0].keyword is not None:
+            continue
+        if not any(ref in models for ref in receiver_refs(facts, call.func.value)):  # type: ignore[attr-defined]
+            continue
+        target = call.args[0].value
+        if string_value(target) is None and not m.matches(target, m.Name("torch") | m.Attribute(value=m.Name("torch"))):
+            return call
+    return None
+
+
 def is_hand_made(facts: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
     """``torch.randn(...)``, ``torch.from_numpy(z).float()``: a tensor factory, through method calls on it."""
     while isinstance(expr, cst.Call):
@@ -74,6 +105,21 @@ def is_hand_made(facts: cst.MetadataDependent, expr: cst.BaseExpression) -> bool
             return False
         expr = expr.func.value
     return False
+
+
+def places_nothing(visitor: cst.MetadataDependent, plan: Plan, module: cst.Module) -> bool:
+    """Whether the script placed nothing on a device itself: no ``.cuda(``, and no ``.to(...)`` of a
+    model or to a device. Its tensors were all on the CPU; converted, the model and the batches are
+    on the accelerator's device, and what the script makes by hand is not."""
+    if ".cuda(" in module.code:
+        return False
+    models, devices = plan.flow["model"], plan.flow["device"]
+    for call in findall(module, m.Call(func=m.Attribute(attr=m.Name("to")))):
+        if any(ref in models for ref in receiver_refs(visitor, call.func.value)):  # type: ignore[attr-defined]
+            return False
+        if any(ref_of(visitor, arg.value) in devices for arg in call.args):
+            return False
+    return True
 
 
 def _hand_made_input(facts: Facts, plan: Plan):
@@ -162,15 +208,24 @@ def _prepared_data(facts: Facts, plan: Plan, expr: cst.BaseExpression, depth: in
     return depth < 4 and any(_prepared_data(facts, plan, v, depth + 1) for v in facts.bound_values(expr))
 
 
-def _bound_by_prepare(facts: Facts, expr: cst.BaseExpression) -> bool:
+def _bound_by_prepare(facts: Facts, expr: cst.BaseExpression, seen: frozenset[int] = frozenset()) -> bool:
     """Is ``expr`` a name the script binds from its own ``accelerator.prepare(...)`` (code already on
-    Accelerate: ``model, optimizer, train_dataloader = accelerator.prepare(...)``)?"""
+    Accelerate: ``model, optimizer, train_dataloader = accelerator.prepare(...)``), or a parameter of a
+    module-level helper that every call of it hands such a name (``train(train_dataloader, ...)``)?"""
     expr = peel_iterable(facts, expr)
-    if not isinstance(expr, cst.Name):
+    if not isinstance(expr, cst.Name) or id(expr) in seen:
         return False
     scope = facts.get_metadata(ScopeProvider, expr, None)
     for assignment in scope[expr.value] if scope is not None else ():
         node = getattr(assignment, "node", None)
+        if isinstance(node, cst.Param):
+            func = enclosing_function(facts, node)
+            sites = facts.call_sites(func.name.value, func) if func is not None and facts.functions.get(
+                func.name.value) is func else []
+            if sites and all((arg := bound.get(node.name.value)) is not None
+                             and _bound_by_prepare(facts, arg, seen | {id(expr)}) for _, bound in sites):
+                return True
+            continue
         while node is not None and not isinstance(node, (cst.Assign, cst.BaseStatement)):
             node = facts.get_metadata(ParentNodeProvider, node, None)
         if isinstance(node, cst.Assign) and m.matches(node.value, m.Call(func=m.Attribute(attr=m.Name("prepare")))):

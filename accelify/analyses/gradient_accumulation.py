@@ -35,8 +35,12 @@ def decide(facts: Facts, plan: Plan, wrapped: bool, scheduler_calls: list[cst.Ca
         if ref_of(facts, peel_iterable(facts, loop.iter)) in plan.flow["loader"] and looks_manual(loop)
     ]
     for loop in loops:
-        found = "the script already has an Accelerator" if plan.has_accelerator else match(facts, loop, plan)
+        found = match(facts, loop, plan)
         reason = found if isinstance(found, str) else None
+        if reason is None and plan.has_accelerator:
+            # said only where the loop would convert otherwise: a loop that cannot convert says why, the
+            # same before and after a conversion that added the Accelerator
+            reason = "the script already has an Accelerator"
         if reason is None:
             if len(loops) != 1:
                 reason = "more than one loop accumulates gradients"

@@ -23,7 +23,8 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import is_scheduler
 from accelify.analysis import (
-    Ref, assigned_names, locate_setup, peel_iterable, read_names, ref_of, scope_root, simple_assign, trains,
+    Ref, assigned_names, enumerate_counter, locate_setup, peel_iterable, read_names, ref_of, scope_root, simple_assign,
+    trains,
 )
 from accelify.walk import findall
 
@@ -117,18 +118,55 @@ def _stepped_per_batch(facts: Facts, plan: Plan, scheduler: Ref) -> bool:
 
 def _stepping(facts: Facts, plan: Plan, scheduler: Ref) -> Optional[str]:
     """Where the scheduler's ``.step()`` calls sit: "batch" (all in loops over a dataloader),
-    "epoch" (none), "mixed" (some of each), None (never stepped)."""
+    "epoch" (none), "mixed" (some of each), None (never stepped).
+
+    A loop over the dataloader that ends after a number of iterations (inside ``while cur_itrs <
+    total_itrs:``, or left by a ``break``/``return``/``sys.exit()`` under a test of a counter it
+    increments) runs as many iterations on N processes as on one: prepared, its scheduler would
+    step N times per iteration and pass the end of its schedule after 1/N of the run. Its steps
+    count as per-epoch ones (not prepared: once per iteration, the schedule of one process)."""
     steps = [s for s in facts.steps if ref_of(facts, s.func.value) == scheduler]  # type: ignore[attr-defined]
-    inside = [_in_loader_loop(facts, plan, step) for step in steps]
+    inside = []
+    for step in steps:
+        loop = _loader_loop(facts, plan, step)
+        inside.append(loop is not None and not _iteration_bounded(facts, loop))
     if not inside:
         return None
     return "batch" if all(inside) else "epoch" if not any(inside) else "mixed"
 
 
-def _in_loader_loop(facts: Facts, plan: Plan, node: cst.CSTNode) -> bool:
+def _loader_loop(facts: Facts, plan: Plan, node: cst.CSTNode) -> Optional[cst.For]:
     parent = facts.get_metadata(ParentNodeProvider, node, None)
     while parent is not None:
         if isinstance(parent, cst.For) and ref_of(facts, peel_iterable(facts, parent.iter)) in plan.flow["loader"]:
+            return parent
+        parent = facts.get_metadata(ParentNodeProvider, parent, None)
+    return None
+
+
+def _in_loader_loop(facts: Facts, plan: Plan, node: cst.CSTNode) -> bool:
+    return _loader_loop(facts, plan, node) is not None
+
+
+_EXITS = m.Break() | m.Return() | m.Raise() | m.Call(func=m.Attribute(value=m.Name("sys"), attr=m.Name("exit"))
+                                                       | m.Name("exit") | m.Name("quit"))
+
+
+def _iteration_bounded(facts: Facts, loop: cst.For) -> bool:
+    """Does ``loop`` (over a dataloader) end after a number of iterations rather than with the data?"""
+    parent = facts.get_metadata(ParentNodeProvider, loop, None)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, cst.While):
             return True
         parent = facts.get_metadata(ParentNodeProvider, parent, None)
+    counters = {n for a in findall(loop.body, m.AugAssign(target=m.Name())) for n in assigned_names(a.target)}  # type: ignore[attr-defined]
+    counters |= enumerate_counter(loop)
+    for exit_ in findall(loop.body, _EXITS):
+        node = facts.get_metadata(ParentNodeProvider, exit_, None)
+        while node is not None and node is not loop:
+            if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
+                break  # it leaves an inner loop or function, not this one
+            if isinstance(node, cst.If) and {n.value for n in read_names(node.test)} & counters:
+                return True
+            node = facts.get_metadata(ParentNodeProvider, node, None)
     return False

@@ -1,0 +1,145 @@
+"""ACC024: a tensor the script computed on the host goes to the device where the model gets it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider, ScopeProvider
+
+from accelify.analyses.data import places_nothing
+from accelify.analysis import peel_iterable, qualified_names, ref_of
+from accelify.plan import Plan
+from accelify.walk import findall
+
+from .base import AccelifyCodemod
+
+# torch's namespaces that hold no tensor operations
+_NOT_TENSORS = ("torch.nn", "torch.optim", "torch.utils", "torch.device", "torch.load", "torch.save", "torch.cuda",
+                "torch.backends", "torch.distributed", "torch.manual_seed", "torch.no_grad")
+
+
+class HostInputs(AccelifyCodemod):
+    """In a script that placed nothing on a device, a tensor it computes itself (not drawn from a
+    prepared DataLoader) and hands to a prepared model goes to ``accelerator.device`` at the call.
+
+    The original computed on the CPU: ``test_x``, cut from a dataset's tensor, met the model there.
+    Converted, the model is on the accelerator's device and ``test_x`` is not: on a GPU the call
+    raises. ``.to(accelerator.device)`` at the call moves it there (and does nothing where the
+    script still runs on the CPU). Batches of a prepared loader are placed already; tensors made
+    by a factory (``torch.randn(...)`` noise) are refused instead (ACC121).
+
+    Before::
+
+        import torch
+        from torch.utils.data import DataLoader
+
+        test_x = torch.unsqueeze(test_data.data, dim=1).float()[:2000] / 255.
+        loader = DataLoader(dataset, batch_size=8)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        test_output = model(test_x[:10])
+
+    After::
+
+        import torch
+        from torch.utils.data import DataLoader
+
+        test_x = torch.unsqueeze(test_data.data, dim=1).float()[:2000] / 255.
+        loader = DataLoader(dataset, batch_size=8)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        test_output = model(test_x[:10].to(accelerator.device))
+    """
+
+    CODE = "ACC024"
+    NAME = "host-inputs"
+    DESCRIPTION = ("In a script that placed nothing on a device, a tensor it computed itself and hands to the "
+                   "model -> .to(accelerator.device) at the call.")
+    REQUIRES = frozenset({"ACC004"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return bool(plan.flow["model"])
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._place: dict[int, str] = {}  # id of an argument's value -> how its scope spells the Accelerator
+        if not places_nothing(self, self.plan, node):
+            return
+        models = self.plan.flow["model"]
+        for call in findall(node, m.Call()):
+            if ref_of(self, call.func) not in models:  # type: ignore[attr-defined]
+                continue
+            for arg in call.args:  # type: ignore[attr-defined]
+                if arg.keyword is None and not arg.star and self._computed_on_host(arg.value):
+                    accelerator = self.accelerator_at(call)
+                    if accelerator is not None:
+                        self._place[id(arg.value)] = accelerator
+
+    def _computed_on_host(self, value: cst.BaseExpression) -> bool:
+        """``test_x`` or ``test_x[:10]`` where every binding of ``test_x`` is a tensor the script
+        computes from host data with torch (not a factory call: ACC121's)."""
+        while isinstance(value, cst.Subscript):
+            value = value.value
+        if not isinstance(value, cst.Name):
+            return False
+        scope = self.get_metadata(ScopeProvider, value, None)
+        bindings = list(scope[value.value]) if scope is not None else []
+        if not bindings:
+            return False
+        for binding in bindings:
+            node = getattr(binding, "node", None)
+            target = self.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+            assign = self.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or not self._host_tensor(assign.value):
+                return False
+            if self._in_loader_loop(assign):
+                return False  # computed from a batch, on the device already
+        return True
+
+    def _host_tensor(self, expr: cst.BaseExpression) -> bool:
+        if isinstance(expr, cst.BinaryOperation):
+            return (self._host_tensor(expr.left) and (self._host_tensor(expr.right) or _number(expr.right))) or (
+                _number(expr.left) and self._host_tensor(expr.right))
+        if isinstance(expr, cst.Subscript):
+            return self._host_tensor(expr.value)
+        if isinstance(expr, cst.Call):
+            if isinstance(expr.func, cst.Attribute) and isinstance(expr.func.value, (cst.Call, cst.Subscript)):
+                return self._host_tensor(expr.func.value)  # .float(), .type(torch.FloatTensor), .view(...)
+            names = qualified_names(self, expr.func)
+            if any(a.keyword is not None and a.keyword.value == "device" for a in expr.args):
+                return False
+            return bool(names) and all(n.startswith("torch.") and not n.startswith(_NOT_TENSORS) for n in names) \
+                and not findall(expr, m.Call(func=m.Name()))  # no helper of the file inside
+        return False
+
+    def _in_loader_loop(self, node: cst.CSTNode) -> bool:
+        loaders = self.plan.flow["loader"]
+        current: Optional[cst.CSTNode] = self.get_metadata(ParentNodeProvider, node, None)
+        while current is not None:
+            if isinstance(current, cst.For) and ref_of(self, peel_iterable(self, current.iter)) in loaders:
+                return True
+            current = self.get_metadata(ParentNodeProvider, current, None)
+        return False
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        accelerator = self._place.get(id(original_node.value))
+        if accelerator is None:
+            return updated_node
+        self.change(original_node, "a tensor the script computed on the host: moved to the model's device")
+        moved = cst.Call(func=cst.Attribute(value=updated_node.value, attr=cst.Name("to")),
+                         args=[cst.Arg(cst.parse_expression(f"{accelerator}.device"))])
+        return updated_node.with_changes(value=moved)
+
+
+def _number(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, (cst.Integer, cst.Float))

@@ -1,0 +1,63 @@
+"""A placement that stays, as `.to(accelerator.device)`, loses its `if torch.cuda.is_available():`
+guard: the accelerator's device is not always CUDA (MPS, a TPU, `Accelerator(cpu=True)`), and
+left under the guard the tensor would stay on the host there while the model is placed
+(the device check of accelify.runtime.checks found it in a real VAE script)."""
+
+from __future__ import annotations
+
+from accelify.pipeline import convert_source
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(dataset, batch_size=8)
+model = Net()
+if torch.cuda.is_available():
+    model.cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for batch_idx, data in enumerate(loader):
+    img, _ = data
+    img = augment(img)  # a helper accelify does not follow: its result may be anywhere
+{guarded}
+    loss = criterion(model(img), img)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def convert(guarded: str) -> str:
+    source = SCRIPT.format(guarded=guarded)
+    result = convert_source(source, "train.py")
+    assert result.error is None and result.output != source, result.findings
+    return result.output
+
+
+def test_the_guard_goes_with_the_placement():
+    out = convert("    if torch.cuda.is_available():\n        img = img.cuda()")
+    assert "    img = img.to(accelerator.device)\n    loss = criterion" in out
+    assert "is_available" not in out  # the model's guarded .cuda() went with the placement prepare does
+
+
+def test_a_guard_with_an_else_or_other_work_stays():
+    out = convert("    if torch.cuda.is_available():\n        img = img.cuda()\n        print('on the GPU')")
+    assert "    if torch.cuda.is_available():\n        img = img.to(accelerator.device)\n" in out
+    out = convert("    if torch.cuda.is_available():\n        img = img.cuda()\n    else:\n        img = img.float()")
+    assert "    if torch.cuda.is_available():\n        img = img.to(accelerator.device)\n    else:\n" in out
+
+
+def test_a_flag_of_the_user_is_not_an_availability_check():
+    out = convert("    if args.cuda:\n        img = img.cuda()")
+    assert "    if args.cuda:\n        img = img.to(accelerator.device)\n" in out
+
+
+def test_idempotent():
+    once = convert("    if torch.cuda.is_available():\n        img = img.cuda()")
+    again = convert_source(once, "train.py")
+    assert again.output == once and not again.findings
+
+
+def test_an_else_that_does_the_same_without_the_placement_goes_too():
+    out = convert("    if torch.cuda.is_available():\n        out = encoder(img.cuda())\n    else:\n        out = encoder(img)")
+    assert "    out = encoder(img.to(accelerator.device))\n    loss = criterion" in out
+    assert "is_available" not in out
