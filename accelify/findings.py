@@ -89,6 +89,9 @@ FINDINGS: dict[str, str] = {
     "ACC133": "An evaluation or inference script (a DataLoader, a model in eval mode) whose model and DataLoader "
     "accelify cannot pair in one loop (the loader kept in a dict, built in the helper the model is handed to, the "
     "model run through another object): file left unchanged.",
+    "ACC134": "The training data is no DataLoader and is drawn at random without a seed (`random.shuffle`, "
+    "`torch.randperm`, random offsets): every process would draw its own batches, so each step would average N "
+    "different batches and an epoch would be N passes, not the one-process training: file left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
     # ACC14x: notebooks (ACC13x is left to the analysis of scripts).

@@ -4,11 +4,12 @@
 that comes from anything else is neither: tensors the script makes by hand stay on the CPU when it
 places nothing itself (ACC121), a DataLoader ``prepare`` does not see feeds every process all of
 it while the model trains as one (ACC123), and data that is no DataLoader is trained on whole by
-every process, correct but no faster (ACC124).
+every process, correct but no faster (ACC124), unless it is drawn at random without a seed: then
+every process trains on its own draws, not the one-process training (ACC134).
 
 Input: the facts (backwards and the loops around them, calls, helpers' call sites), the prepared
-dataloaders (``plan.dataloaders``, ``plan.flow["loader"]``) and devices.  Output: refusals ACC121
-and ACC123; the note ACC124.
+dataloaders (``plan.dataloaders``, ``plan.flow["loader"]``) and devices.  Output: refusals ACC121,
+ACC123 and ACC134; the note ACC124.
 """
 
 from __future__ import annotations
@@ -187,6 +188,19 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 return False
         if not reported:
             reported = True
+            drawn = _unseeded_draw(facts)
+            if drawn is not None:
+                data = code_of(peel_iterable(facts, loops[0].iter))
+                facts.finding(
+                    plan, drawn, "ACC134",
+                    f"the training data (`{data}`) is no DataLoader and is drawn at random (`{code_of(drawn)}`) "
+                    "without a seed: every process would draw its own batches, so each step would average N "
+                    "different batches and an epoch would be N passes over the data, not the one-process "
+                    "training. File not converted.",
+                    "seed the draws (`torch.manual_seed(0)`: converted, every process draws the same batches, as "
+                    "one process does), or build a `Dataset` + `DataLoader`, which `prepare` shards.",
+                )
+                return False
             facts.finding(
                 plan, loops[0], "ACC124",
                 f"the training data (`{code_of(peel_iterable(facts, loops[0].iter))}`) does not come from a "
@@ -195,6 +209,31 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 "slice it per process with `accelerator.split_between_processes`.",
             )
     return True
+
+
+_RANDOM_DRAWS = frozenset({
+    "random.shuffle", "random.sample", "random.randint", "random.choice", "random.choices", "random.randrange",
+    "numpy.random.shuffle", "numpy.random.permutation", "numpy.random.choice", "numpy.random.randint",
+    "torch.randperm", "torch.randint", "torch.multinomial",
+})
+_SHUFFLES = frozenset({"random.shuffle", "random.sample", "numpy.random.shuffle", "numpy.random.permutation",
+                       "torch.randperm"})
+_SEEDS = frozenset({
+    "random.seed", "numpy.random.seed", "torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed",
+    "torch.cuda.manual_seed_all", "accelerate.utils.set_seed", "accelerate.utils.random.set_seed",
+    "transformers.set_seed", "numpy.random.default_rng", "numpy.random.RandomState", "random.Random",
+})
+
+
+def _unseeded_draw(facts: Facts) -> Optional[cst.Call]:
+    """The first random draw of the file (``random.shuffle(data)``, ``torch.randint(len(data) - n, ...)``)
+    when the file seeds no generator: every process would draw differently."""
+    calls = facts.calls
+    if any(has_qname(facts, c.func, _SEEDS) for c in calls):
+        return None
+    drawn = [c for c in calls if has_qname(facts, c.func, _RANDOM_DRAWS)]
+    # a shuffle says it best: the data's order drawn per process
+    return next((c for c in drawn if has_qname(facts, c.func, _SHUFFLES)), drawn[0] if drawn else None)
 
 
 def _prepared_data(facts: Facts, plan: Plan, expr: cst.BaseExpression, depth: int) -> bool:
