@@ -114,6 +114,8 @@ class HostInputs(AccelifyCodemod):
             return self._host_tensor(expr.value)
         if isinstance(expr, cst.Call):
             if isinstance(expr.func, cst.Attribute) and isinstance(expr.func.value, (cst.Call, cst.Subscript)):
+                if expr.func.attr.value in ("to", "cuda"):
+                    return False  # placed by the script
                 return self._host_tensor(expr.func.value)  # .float(), .type(torch.FloatTensor), .view(...)
             names = qualified_names(self, expr.func)
             if any(a.keyword is not None and a.keyword.value == "device" for a in expr.args):

@@ -19,6 +19,9 @@ scripts import). For each ``FOLDER/*.py``, in a scratch copy of the folder:
    process-independent ``eval_`` line (samples, correct, pred_checksum, learning rates) is printed
    once with the one-process value.
 
+With ``--launched`` (hand-written DDP scripts, whose originals need their launcher) the original
+is not run: the conversion runs in one process and in two, with the checks.
+
 Prints one row per script and a summary; ``--json`` writes the rows. Nothing here is a test: the
 table goes into docs/real-scripts.md and the session's note.
 """
@@ -110,7 +113,7 @@ def last_error(stderr: str) -> str:
     return (lines[-1] if lines else "")[:200]
 
 
-def check(script: Path, multi: bool, timeout: float, port: int) -> dict:
+def check(script: Path, multi: bool, timeout: float, port: int, launched: bool = False) -> dict:
     row: dict = {"name": script.stem}
     source = script.read_text(encoding="utf-8")
     result = convert_source(source, str(script.name))
@@ -139,9 +142,12 @@ def check(script: Path, multi: bool, timeout: float, port: int) -> dict:
                 shutil.copy(sibling, work / sibling.name)
         (work / "orig.py").write_text(source, encoding="utf-8")
         (work / "conv.py").write_text(result.output, encoding="utf-8")
-        rc_o, out_o, err_o, _ = run_one(work, "orig.py", "orig", timeout)
+        if launched:  # a hand-written DDP original needs its launcher: only the conversion runs here
+            rc_o, out_o, err_o = 0, "", ""
+        else:
+            rc_o, out_o, err_o, _ = run_one(work, "orig.py", "orig", timeout)
         rc_c, out_c, err_c, trace_c = run_one(work, "conv.py", "conv", timeout)
-        ref, got = kept(out_o), kept(out_c)
+        ref, got = (kept(out_c), kept(out_c)) if launched else (kept(out_o), kept(out_c))
         row["original_ok"] = rc_o == 0
         if rc_o != 0:
             row["status"] = "original fails"
@@ -203,13 +209,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--port", type=int, default=29561)
+    parser.add_argument("--launched", action="store_true",
+                        help="hand-written DDP originals (they need their launcher): run only the conversion, "
+                             "in one process and in two")
     args = parser.parse_args()
     rows = []
     for script in sorted(args.folder.glob("*.py")):
         if args.only and script.stem not in args.only:
             continue
         try:
-            row = check(script, not args.no_multi, args.timeout, args.port)
+            row = check(script, not args.no_multi, args.timeout, args.port, args.launched)
         except subprocess.TimeoutExpired:
             row = {"name": script.stem, "status": "wrong", "why": "timed out (a hang?)"}
         rows.append(row)

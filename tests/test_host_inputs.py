@@ -56,3 +56,14 @@ def test_idempotent():
     once, _ = convert("test_x = torch.unsqueeze(test_data.data, dim=1).float()", "out = model(test_x)")
     again = convert_source(once, "train.py")
     assert again.output == once and not again.findings
+
+
+def test_converting_a_converted_script_that_placed_its_tensors_changes_nothing():
+    """Found on yunjey's language model: converted, the script no longer places anything itself (its
+    `.to(device)` became the Accelerator's), which must not make its sampled input look like a host
+    tensor on the second run."""
+    out, _ = convert("", "inp = torch.multinomial(prob, num_samples=1).unsqueeze(1).to(device)\nout = model(inp)",
+                     place="device = torch.device('cuda')\nmodel.to(device)", batch="x, y = x.to(device), y.to(device)")
+    assert "inp = torch.multinomial(prob, num_samples=1).unsqueeze(1).to(accelerator.device)" in out
+    again = convert_source(out, "train.py")
+    assert again.output == out

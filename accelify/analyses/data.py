@@ -112,8 +112,8 @@ def places_nothing(visitor: cst.MetadataDependent, plan: Plan, module: cst.Modul
     """Whether the script placed nothing on a device itself: no ``.cuda(``, and no ``.to(...)`` of a
     model or to a device. Its tensors were all on the CPU; converted, the model and the batches are
     on the accelerator's device, and what the script makes by hand is not."""
-    if ".cuda(" in module.code:
-        return False
+    if ".cuda(" in module.code or plan.has_accelerator:
+        return False  # placed by the script, or by Accelerate already
     models, devices = plan.flow["model"], plan.flow["device"]
     for call in findall(module, m.Call(func=m.Attribute(attr=m.Name("to")))):
         if any(ref in models for ref in receiver_refs(visitor, call.func.value)):  # type: ignore[attr-defined]
