@@ -183,8 +183,10 @@ class RemovePlacement(AccelifyCodemod):
             return result
         accelerator = self.accelerator_at(original_node)
         body = list(updated_node.body.body)
-        if accelerator is None or not body or flat_code(updated_node.body) == flat_code(original_node.body):
+        if accelerator is None or not body:
             return result
+        if flat_code(updated_node.body) == flat_code(original_node.body):
+            return self._typed_tensors(original_node, updated_node, accelerator) or result
         device = f"{accelerator}.device"
         if original_node.orelse is None:
             if not all(_places_on(statement, device) for statement in body):
@@ -195,6 +197,22 @@ class RemovePlacement(AccelifyCodemod):
         self.change(original_node, "the availability check around the placement goes with it: the accelerator's "
                                    "device is not always CUDA (MPS, TPU, `cpu=True`)")
         body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+        return cst.FlattenSentinel(body)
+
+    def _typed_tensors(self, original: cst.If, updated: cst.If, accelerator: str) -> Optional[cst.FlattenSentinel]:
+        """``if torch.cuda.is_available(): eps = torch.cuda.FloatTensor(n).normal_()`` with ``else: eps =
+        torch.FloatTensor(n).normal_()``: the CPU branch, made on ``accelerator.device``."""
+        if not isinstance(updated.orelse, cst.Else) or not isinstance(updated.orelse.body, cst.IndentedBlock):
+            return None
+        cpu_branch = updated.orelse.body
+        if not findall(cpu_branch, _TYPED_TENSOR) or flat_code(updated.body) != flat_code(cpu_branch).replace(
+                "torch.", "torch.cuda."):
+            return None
+        placed = cpu_branch.visit(_OnDevice(f"{accelerator}.device"))
+        self.change(original, "a tensor typed for CUDA or the CPU: made on the accelerator's device, which may be "
+                              "neither (MPS, TPU)")
+        body = list(placed.body)  # type: ignore[attr-defined]
+        body[0] = body[0].with_changes(leading_lines=[*updated.leading_lines, *body[0].leading_lines])
         return cst.FlattenSentinel(body)
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.BaseStatement]:
@@ -532,3 +550,20 @@ class _Unplaced(cst.CSTTransformer):
                 and flat_code(updated_node.args[0].value) == self.device:
             return updated_node.func.value  # type: ignore[attr-defined]
         return updated_node
+
+
+_TYPED_TENSOR = m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.MatchIfTrue(lambda n: n.value.endswith("Tensor"))))
+
+
+class _OnDevice(cst.CSTTransformer):
+    """``torch.FloatTensor(n)`` -> ``torch.FloatTensor(n).to(<device>)``."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.device = device
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not m.matches(original_node, _TYPED_TENSOR):
+            return updated_node
+        return cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("to")),
+                        args=[cst.Arg(cst.parse_expression(self.device))])

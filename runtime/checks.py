@@ -345,11 +345,34 @@ def install_device_check(on_error: Optional[Callable[[dict[str, Any]], None]] = 
             _mark(self, _on_device(args[1]))
         return out
 
+    _keep_marks_through_variable(torch)
     mode = DeviceCheck()
     mode.__enter__()
     after_import("accelerate.accelerator", _host_when_cpu)
     after_import("accelify.runtime.single_process", _host_when_cpu)
     return mode
+
+
+def _keep_marks_through_variable(torch) -> None:
+    """``Variable(x)`` (old scripts) makes a new tensor that shares ``x``'s data, outside any
+    ``__torch_function__``: it is where ``x`` is."""
+    import torch.autograd.variable as variable
+
+    original = variable.Variable
+    if getattr(original, "__accelify_marks__", False):
+        return
+
+    class Variable(original):  # type: ignore[misc, valid-type] - the metaclass keeps isinstance(x, Variable)
+        __accelify_marks__ = True
+
+        def __new__(cls, *args, **kwargs):
+            out = original(*args, **kwargs)
+            data = args[0] if args else kwargs.get("data")
+            if isinstance(data, torch.Tensor) and _on_device(data):
+                _mark(out, True)
+            return out
+
+    variable.Variable = torch.autograd.Variable = Variable
 
 
 def _host_when_cpu(module) -> None:

@@ -123,6 +123,15 @@ def test_sequence_lengths_stay_on_the_host_as_pack_padded_sequence_requires(chec
     assert on_device(packed.data)
 
 
+def test_a_variable_of_a_placed_tensor_is_placed(check):
+    from torch.autograd import Variable
+
+    placed = torch.ones(3).to(DEVICE)
+    wrapped = Variable(placed)
+    assert on_device(wrapped) and not on_device(Variable(torch.ones(3)))
+    assert isinstance(placed, Variable)  # old scripts' isinstance checks still hold
+
+
 def test_a_module_moved_with_to_has_its_parameters_placed_in_place(check):
     model = torch.nn.Linear(2, 2)
     weight = model.weight

@@ -61,3 +61,15 @@ def test_an_else_that_does_the_same_without_the_placement_goes_too():
     out = convert("    if torch.cuda.is_available():\n        out = encoder(img.cuda())\n    else:\n        out = encoder(img)")
     assert "    out = encoder(img.to(accelerator.device))\n    loss = criterion" in out
     assert "is_available" not in out
+
+
+def test_tensors_typed_for_cuda_or_the_cpu_are_made_on_the_accelerators_device():
+    """The VAE's `reparametrize` (L1aoXingyu/pytorch-beginner): `torch.cuda.FloatTensor` when CUDA is there,
+    `torch.FloatTensor` otherwise; the accelerator's device may be neither (the device check found it)."""
+    out = convert("    if torch.cuda.is_available():\n        eps = torch.cuda.FloatTensor(img.size()).normal_()\n"
+                  "    else:\n        eps = torch.FloatTensor(img.size()).normal_()\n    img = img + eps")
+    assert "    eps = torch.FloatTensor(img.size()).to(accelerator.device).normal_()\n    img = img + eps" in out
+    assert "torch.cuda" not in out
+    out = convert("    if torch.cuda.is_available():\n        eps = torch.cuda.FloatTensor(img.size()).normal_()\n"
+                  "    else:\n        eps = torch.FloatTensor(img.size()).uniform_()\n    img = img + eps")
+    assert "torch.cuda.FloatTensor" in out  # the branches do different things: left as they are

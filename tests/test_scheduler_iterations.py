@@ -50,6 +50,11 @@ def test_a_loop_bounded_by_iterations_keeps_its_scheduler_out_of_prepare(loop):
 @pytest.mark.parametrize("loop", [
     "for epoch in range(3):\n    for x, y in loader:\n" + BODY,
     "for epoch in range(3):\n    for x, y in loader:\n" + BODY + "        if args.dry_run:\n            break\n",
+    # an optional bound, off by default (Hugging Face's examples, JointBERT): the epochs bound the loop
+    "for epoch in range(3):\n    for x, y in loader:\n" + BODY
+    + "        if 0 < args.max_steps < cur_itrs:\n            break\n",
+    "for epoch in range(3):\n    for x, y in loader:\n" + BODY
+    + "        if args.max_steps > 0 and cur_itrs > args.max_steps:\n            break\n",
 ])
 def test_a_loop_over_the_data_prepares_its_per_batch_scheduler(loop):
     out = prepared(loop)

@@ -152,6 +152,17 @@ _EXITS = m.Break() | m.Return() | m.Raise() | m.Call(func=m.Attribute(value=m.Na
                                                        | m.Name("exit") | m.Name("quit"))
 
 
+def _optional_bound(test: cst.BaseExpression) -> bool:
+    """``args.max_steps > 0 and global_step > args.max_steps`` (``0 < max_steps < step``): a bound that is
+    off by default, the epochs bounding the loop then (Hugging Face's examples, JointBERT)."""
+    return any(
+        isinstance(comparison.left, cst.Integer) and comparison.left.value == "0"
+        or any(isinstance(target.comparator, cst.Integer) and target.comparator.value == "0"
+               for target in comparison.comparisons)
+        for comparison in findall(test, m.Comparison())
+    )
+
+
 def _iteration_bounded(facts: Facts, loop: cst.For) -> bool:
     """Does ``loop`` (over a dataloader) end after a number of iterations rather than with the data?"""
     parent = facts.get_metadata(ParentNodeProvider, loop, None)
@@ -166,7 +177,8 @@ def _iteration_bounded(facts: Facts, loop: cst.For) -> bool:
         while node is not None and node is not loop:
             if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
                 break  # it leaves an inner loop or function, not this one
-            if isinstance(node, cst.If) and {n.value for n in read_names(node.test)} & counters:
+            if isinstance(node, cst.If) and {n.value for n in read_names(node.test)} & counters \
+                    and not _optional_bound(node.test):
                 return True
             node = facts.get_metadata(ParentNodeProvider, node, None)
     return False
