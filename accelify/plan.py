@@ -23,7 +23,7 @@ from libcst.metadata import MetadataWrapper
 from accelify import walk
 from accelify.analyses import (
     accelerator, data, devices, distributed, evaluation, factories, gradient_accumulation, hazards, helpers, mixed_precision, objects,
-    prepare_point, samplers, schedulers,
+    prepare_point, samplers, schedulers, unused_parameters,
 )
 from accelify.analyses.facts import KINDS, Facts
 from accelify.analysis import MODULE, RawFinding, Ref
@@ -65,6 +65,10 @@ class Plan:
     mixed_precision: Optional[str] = None
     #: GradScaler names in the setup scope, replaced by the Accelerator's own scaling
     scalers: set[str] = field(default_factory=set)
+    #: ``DistributedDataParallelKwargs`` the models need (``find_unused_parameters=True``)
+    ddp_kwargs: list[str] = field(default_factory=list)
+    #: classes of prepared models that run a trainable part under ``no_grad`` (unused parameters)
+    unused_parameters: list[str] = field(default_factory=list)
     #: ``Accelerator(gradient_accumulation_steps=<this>)`` when a hand-written accumulation is replaced
     accumulation_steps: Optional[str] = None
     #: names the Accelerator's arguments read: it must be created after they are bound
@@ -113,9 +117,16 @@ class Plan:
             args.append(f"mixed_precision={self.mixed_precision}")
         if self.accumulation_steps:
             args.append(f"gradient_accumulation_steps={self.accumulation_steps}")
-        if self.distributed is not None and self.distributed.ddp_kwargs:
-            args.append(f"kwargs_handlers=[DistributedDataParallelKwargs({', '.join(self.distributed.ddp_kwargs)})]")
+        kwargs = self.all_ddp_kwargs()
+        if kwargs:
+            args.append(f"kwargs_handlers=[DistributedDataParallelKwargs({', '.join(kwargs)})]")
         return ", ".join(args)
+
+    def all_ddp_kwargs(self) -> list[str]:
+        """What the Accelerator's ``DistributedDataParallelKwargs`` gets: the DDP wrapper's own arguments
+        (a hand-written DDP script) and what the models need (``find_unused_parameters=True``)."""
+        kwargs = list(self.distributed.ddp_kwargs) if self.distributed is not None else []
+        return kwargs + [k for k in self.ddp_kwargs if k.split("=")[0] not in {a.split("=")[0] for a in kwargs}]
 
     def restrict(self, codes: Optional[frozenset[str]]) -> None:
         """Forget what a codemod that does not run would have provided: ``mixed_precision="fp16"``
@@ -252,5 +263,6 @@ def _decide(facts: Facts) -> Plan:
         gradient_accumulation.decide(facts, plan, wrapped, scheduler_calls, arguments)
     if not hazards.multi_process(facts, plan):
         return plan
+    unused_parameters.decide(facts, plan)
     plan.convertible = True
     return plan

@@ -15,7 +15,7 @@ from accelify.plan import Plan
 
 from accelify.composite import replace_in
 
-from .base import AccelifyCodemod, add_target_import, depth_of, insert_paragraph, wrapped_call
+from .base import AccelifyCodemod, add_accelerator_imports, depth_of, insert_paragraph, unused_note, wrapped_call
 
 _IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
 
@@ -103,7 +103,7 @@ class AddAccelerator(AccelifyCodemod):
             index = max(index, arguments[-1] + 1)
         self._import()
         anchor = block.body[min(index, len(block.body) - 1)]
-        self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted")
+        self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted" + unused_note(self.plan))
         args = self.plan.accelerator_args()
         line_length = self.context.scratch.get("accelify.line_length", 88)
         code = wrapped_call(f"{self.plan.accelerator} = Accelerator", args, depth_of(module, block), line_length,
@@ -115,9 +115,7 @@ class AddAccelerator(AccelifyCodemod):
         return replace_in(module, block, block.with_changes(body=body))
 
     def _import(self) -> None:
-        add_target_import(self.context, "Accelerator")
-        if self.plan.distributed is not None and self.plan.distributed.ddp_kwargs:
-            add_target_import(self.context, "DistributedDataParallelKwargs")
+        add_accelerator_imports(self.context, self.plan)
 
     def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
         """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""

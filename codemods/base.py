@@ -42,6 +42,21 @@ def add_target_import(context: CodemodContext, name: str) -> None:
     AddImportsVisitor.add_needed_import(context, TARGET_MODULES[target][name], name)
 
 
+def add_accelerator_imports(context: CodemodContext, plan: Plan) -> None:
+    """What ``accelerator = Accelerator(<plan.accelerator_args()>)`` needs imported."""
+    add_target_import(context, "Accelerator")
+    if plan.all_ddp_kwargs():
+        add_target_import(context, "DistributedDataParallelKwargs")
+
+
+def unused_note(plan: Plan) -> str:
+    """The change message's note on ``find_unused_parameters=True``, when the models need it."""
+    if not plan.unused_parameters:
+        return ""
+    return (f", with `find_unused_parameters=True`: {', '.join(f'`{c}.forward`' for c in plan.unused_parameters)} "
+            "runs a part under `no_grad` whose parameters still require grad (DDP would wait for their gradients)")
+
+
 def merge_leading_lines(first: Sequence[cst.EmptyLine], second: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:
     """Concatenate two runs of leading lines without doubling the blank lines where they meet."""
     first, second = list(first), list(second)

@@ -16,7 +16,7 @@ from accelify.plan import bind_arguments, param_names
 
 from accelify.plan import Plan
 
-from .base import AccelifyCodemod, accelerator_attr, cpu_string, loads_on_the_cpu
+from .base import AccelifyCodemod, accelerator_attr, cpu_string, loads_on_the_cpu, unused_note
 
 
 class RemoveDevice(AccelifyCodemod):
@@ -206,7 +206,8 @@ class RemoveDevice(AccelifyCodemod):
         creation = self._creation()
         if creation is not None:
             self.replaced(original)
-            self.change(original, f"device construction replaced by `{self.plan.accelerator} = Accelerator()`")
+            self.change(original, f"device construction replaced by `{self.plan.accelerator} = Accelerator()`"
+                        + unused_note(self.plan))
             return creation.with_changes(leading_lines=updated.leading_lines)
         self.change(original, "device construction removed: the Accelerator picks the device")
         return self.remove(updated)

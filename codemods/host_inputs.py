@@ -9,7 +9,7 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.data import places_nothing
-from accelify.analysis import peel_iterable, qualified_names, ref_of
+from accelify.analysis import locate_setup, peel_iterable, qualified_names, ref_of, scope_root, trainer_functions
 from accelify.plan import Plan
 from accelify.walk import findall
 
@@ -75,6 +75,10 @@ class HostInputs(AccelifyCodemod):
         self._place: dict[int, str] = {}  # id of an argument's value -> how its scope spells the Accelerator
         if not places_nothing(self, self.plan, node):
             return
+        root = scope_root(node, self.plan.setup)
+        located = locate_setup(root, set(self.plan.anchors()), trainer_functions(node)) if root is not None else None
+        # the line of the last statement that builds a training object: `prepare` comes right after it
+        self._prepare_line = self.line_of(located[0].body[located[1] - 1])[0] if located and located[1] else None
         models = self.plan.flow["model"]
         for call in findall(node, m.Call()):
             if ref_of(self, call.func) not in models:  # type: ignore[attr-defined]
@@ -99,12 +103,38 @@ class HostInputs(AccelifyCodemod):
         for binding in bindings:
             node = getattr(binding, "node", None)
             target = self.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+            while isinstance(target, (cst.Element, cst.Tuple, cst.List)):  # `images, labels = next(it)`
+                target = self.get_metadata(ParentNodeProvider, target, None)
             assign = self.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
-            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or not self._host_tensor(assign.value):
+            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+                return False
+            if self._early_batch(assign.value):
+                continue
+            if isinstance(assign.targets[0].target, (cst.Tuple, cst.List)) or not self._host_tensor(assign.value):
                 return False
             if self._in_loader_loop(assign):
                 return False  # computed from a batch, on the device already
         return True
+
+    def _early_batch(self, value: cst.BaseExpression) -> bool:
+        """``next(iter(val_loader))`` (or ``next(it)``, ``it = iter(val_loader)``) taken before ``prepare``:
+        a batch of the loader as it was, on the host (WZMIAOMIAO's LeNet validates on one such batch)."""
+        if not m.matches(value, m.Call(func=m.Name("next"), args=[m.Arg()])):
+            return False
+        source = value.args[0].value  # type: ignore[attr-defined]
+        if isinstance(source, cst.Name):
+            scope = self.get_metadata(ScopeProvider, source, None)
+            made = [getattr(b, "node", None) for b in scope[source.value]] if scope is not None else []
+            if len(made) != 1 or not isinstance(made[0], cst.Name):
+                return False
+            target = self.get_metadata(ParentNodeProvider, made[0], None)
+            assign = self.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+            source = assign.value if isinstance(assign, cst.Assign) else None
+        if not m.matches(source, m.Call(func=m.Name("iter"), args=[m.Arg()])):
+            return False
+        loader = source.args[0].value  # type: ignore[union-attr]
+        return ref_of(self, loader) in self.plan.flow["loader"] and self._prepare_line is not None \
+            and self.line_of(source)[0] < self._prepare_line
 
     def _host_tensor(self, expr: cst.BaseExpression) -> bool:
         if isinstance(expr, cst.BinaryOperation):

@@ -11,8 +11,8 @@ from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider
 
 from accelify.analysis import (
-    TORCH_LOAD, TORCH_SAVE, binds, key_at, peel_iterable, qualified_names, ref_of, scope_root, setup_blocks, string_value,
-    under_main_process_check,
+    TORCH_LOAD, TORCH_SAVE, binds, enclosing_function, key_at, peel_iterable, qualified_names, ref_of, scope_root,
+    setup_blocks, string_value, under_main_process_check,
 )
 from accelify.early_stop import EarlyStops
 from accelify.plan import Plan
@@ -43,8 +43,9 @@ _LOGGERS = frozenset({
 
 
 def _downloads(call: cst.Call) -> bool:
-    return any(a.keyword is not None and a.keyword.value == "download" and m.matches(a.value, m.Name("True"))
-               for a in call.args)
+    """``download=True`` or ``download=opts.download`` (anything but ``False``/``None``)."""
+    return any(a.keyword is not None and a.keyword.value == "download"
+               and not m.matches(a.value, m.Name("False") | m.Name("None")) for a in call.args)
 
 
 class MainProcessFiles(AccelifyCodemod):
@@ -140,6 +141,7 @@ class MainProcessFiles(AccelifyCodemod):
         self._guard: dict[int, str] = {}  # writer statements -> the accelerator that guards them
         self._first: dict[int, str] = {}  # downloading statements -> under main_process_first()
         self._module = node
+        self._helpers = self._download_helpers(node)
         self._wait: set[int] = set()  # guarded writes every process waits for (the file is read back)
         self._guard_with: dict[int, str] = {}  # an evaluation's `with open(path, "w")` -> its accelerator
         self._taint = EarlyStops(self, self.plan, node, [], [])
@@ -151,6 +153,19 @@ class MainProcessFiles(AccelifyCodemod):
         site = device.creation_site() if device is not None else None  # type: ignore[attr-defined]
         self._site = self.statements_around(site)
         self._created = site is not None
+        if not self._created and self.plan.has_accelerator:
+            # the script creates its Accelerator itself (converted already): downloads after it only
+            existing = [a for a in findall(node, m.Assign(value=m.Call())) if {"accelerate.Accelerator",
+                        "accelerate.accelerator.Accelerator", "accelify.runtime.Accelerator"}
+                        & qualified_names(self, a.value.func)]  # type: ignore[attr-defined]
+            self._site = frozenset().union(*(self.statements_around(a) for a in existing))
+            self._created = bool(existing)
+        # calls of a downloading helper, decided before the helper's own body is visited
+        for statement in findall(node, m.SimpleStatementLine()):
+            if self._calls_download_helper(statement):
+                accelerator = self._download_guard(statement)
+                if accelerator is not None:
+                    self._first[id(statement)] = accelerator
 
     def _line_of_statement(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         current: Optional[cst.CSTNode] = node
@@ -185,6 +200,15 @@ class MainProcessFiles(AccelifyCodemod):
             return None  # the Accelerator's arguments are bound after this: it cannot come before
         return accelerator
 
+    def _helper_guarded(self, node: cst.CSTNode) -> bool:
+        """A download inside a helper every call of which is downloaded by the main process first."""
+        function = enclosing_function(self, node)
+        if function is None or self._helpers.get(function.name.value) is not function:
+            return False
+        calls = [c for c in findall(self._module, m.Call(func=m.Name(function.name.value)))]
+        return bool(calls) and all(
+            id(self._line_of_statement(c)) in self._first or self._main_process_first(c) for c in calls)
+
     def _main_process_first(self, node: cst.CSTNode) -> bool:
         """Is ``node`` inside a ``with ....main_process_first():`` block?"""
         current = self.get_metadata(ParentNodeProvider, node, None)
@@ -209,9 +233,18 @@ class MainProcessFiles(AccelifyCodemod):
             node = parent
         return False
 
+    def _download_helpers(self, module: cst.Module) -> dict[str, cst.FunctionDef]:
+        """Module-level functions that build a dataset with ``download=...`` (``get_dataset(opts)``)."""
+        return {f.name.value: f for f in module.body if isinstance(f, cst.FunctionDef)
+                and any(_downloads(c) for c in findall(f, m.Call()))}  # type: ignore[arg-type]
+
+    def _calls_download_helper(self, node: cst.CSTNode) -> bool:
+        return any(m.matches(c, m.Call(func=m.Name())) and c.func.value in self._helpers  # type: ignore[attr-defined]
+                   for c in findall(node, m.Call()))
+
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         super().visit_SimpleStatementLine(node)
-        if any(_downloads(c) for c in findall(node, m.Call())):  # type: ignore[arg-type]
+        if any(_downloads(c) for c in findall(node, m.Call())) or self._calls_download_helper(node):  # type: ignore[arg-type]
             accelerator = self._download_guard(node)
             if accelerator is not None:
                 self._first[id(node)] = accelerator
@@ -233,8 +266,9 @@ class MainProcessFiles(AccelifyCodemod):
         elif self.plan.evaluation and self._per_batch_write(node):
             return
         elif _downloads(node) and id(self._line_of_statement(node)) not in self._first \
-                and not self._main_process_first(node):
-            what = "`download=True`: every process downloads into the same place at once"
+                and not self._main_process_first(node) and not self._helper_guarded(node):
+            flag = next(a for a in node.args if a.keyword is not None and a.keyword.value == "download")
+            what = f"`download={cst.Module(body=[]).code_for_node(flag.value)}`: every process downloads into the same place at once"
             how = "build the dataset under `with accelerator.main_process_first():`"
         if what is not None:
             self.finding(node, "ACC127", f"{what}; left as it is.", how + ".")

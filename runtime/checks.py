@@ -17,7 +17,8 @@ has. A ``TorchFunctionMode`` marks every tensor that lives on that device:
 
 ``.cpu()`` / ``.to("cpu")`` give an unmarked copy (a real move copies), and a marked tensor's
 ``.device`` reads ``cpu:0``, so ``torch.arange(n, device=x.device)`` lands where ``x`` is, as on a
-GPU. Then, as CUDA would:
+GPU. The tensors themselves stay plain CPU tensors (a checkpoint saved from them loads as the
+script's would). Then, as CUDA would:
 
 - an operation that takes a marked tensor and an unmarked one of one or more dimensions raises
   ``DeviceMismatch`` (an unmarked 0-dim tensor is a host scalar, which CUDA accepts; so are
@@ -276,8 +277,17 @@ def install_device_check(on_error: Optional[Callable[[dict[str, Any]], None]] = 
                 pass
         raise DeviceMismatch(details)
 
+    host = torch.device("cpu")
+
+    def on_host(value):
+        """The emulated device as the real one, the host: no tensor is really made on ``cpu:0`` (it
+        would be saved tagged so, and load nowhere)."""
+        return host if isinstance(value, (torch.device, str)) and is_emulated_device(value) else value
+
     def moved(func, args, kwargs, target: Optional[bool]):
         """``.to``/``.cpu``/``.cuda``: the result is on ``target`` (None: where ``self`` is)."""
+        args = tuple(on_host(a) for a in args)
+        kwargs = {k: on_host(v) for k, v in kwargs.items()}
         source = args[0]
         here = _on_device(source)
         target = here if target is None else target
@@ -316,8 +326,10 @@ def install_device_check(on_error: Optional[Callable[[dict[str, Any]], None]] = 
             if device_hit is not None and host_hit is not None and name not in mixable:
                 if name != "__getitem__" or host_hit is args[0]:
                     fail(name, host_hit, sys._getframe(1), "")
-            out = func(*args, **kwargs)
             where_to = kwargs.get("device")
+            if where_to is not None:
+                kwargs = {**kwargs, "device": on_host(where_to)}
+            out = func(*args, **kwargs)
             if where_to is not None:
                 _mark(out, is_emulated_device(where_to))
             elif name in ("__getitem__", "__setitem__", "index_put_", "index_put", "copy_") and args \

@@ -72,6 +72,7 @@ RUNNABLE = {
     "gather_batch_index": Expect(evals=("Test set",)),
     "progress_bar": Expect(),
     "host_inputs": Expect(),
+    "frozen_backbone": Expect(),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).

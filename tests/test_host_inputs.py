@@ -67,3 +67,14 @@ def test_converting_a_converted_script_that_placed_its_tensors_changes_nothing()
     assert "inp = torch.multinomial(prob, num_samples=1).unsqueeze(1).to(accelerator.device)" in out
     again = convert_source(out, "train.py")
     assert again.output == out
+
+
+def test_a_batch_taken_before_prepare_goes_to_the_device_and_one_taken_after_does_not():
+    """WZMIAOMIAO's LeNet validates on `next(iter(val_loader))` taken before `prepare` (a host batch);
+    the CIFAR-10 tutorial's `next(dataiter)` after training comes from the prepared loader."""
+    early, codes = convert("val_loader = DataLoader(valset, batch_size=500)\nval_image, val_label = next(iter(val_loader))",
+                           "out = model(val_image)")
+    assert "out = model(val_image.to(accelerator.device))" in early and "ACC024" in codes
+    late, codes = convert("val_loader = DataLoader(valset, batch_size=500)",
+                          "val_image, val_label = next(iter(val_loader))\nout = model(val_image)")
+    assert "out = model(val_image)" in late and "ACC024" not in codes
