@@ -42,6 +42,14 @@ _LOGGERS = frozenset({
 })
 
 
+#: URL fetches: a helper that calls one downloads
+_FETCHES = frozenset({
+    "urllib.request.urlopen", "urllib.request.urlretrieve", "requests.get", "torch.hub.download_url_to_file",
+    "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
+    "wget.download", "gdown.download",
+})
+
+
 def _downloads(call: cst.Call) -> bool:
     """``download=True`` or ``download=opts.download`` (anything but ``False``/``None``)."""
     return any(a.keyword is not None and a.keyword.value == "download"
@@ -200,14 +208,16 @@ class MainProcessFiles(AccelifyCodemod):
             return None  # the Accelerator's arguments are bound after this: it cannot come before
         return accelerator
 
-    def _helper_guarded(self, node: cst.CSTNode) -> bool:
-        """A download inside a helper every call of which is downloaded by the main process first."""
+    def _helper_guarded(self, node: cst.CSTNode, seen: frozenset[str] = frozenset()) -> bool:
+        """A download inside a helper every call of which is downloaded by the main process first
+        (directly, or from another such helper: ``get_training_set()`` -> ``download_bsd300()``)."""
         function = enclosing_function(self, node)
-        if function is None or self._helpers.get(function.name.value) is not function:
+        if function is None or self._helpers.get(function.name.value) is not function or function.name.value in seen:
             return False
         calls = [c for c in findall(self._module, m.Call(func=m.Name(function.name.value)))]
         return bool(calls) and all(
-            id(self._line_of_statement(c)) in self._first or self._main_process_first(c) for c in calls)
+            id(self._line_of_statement(c)) in self._first or self._main_process_first(c)
+            or self._helper_guarded(c, seen | {function.name.value}) for c in calls)
 
     def _main_process_first(self, node: cst.CSTNode) -> bool:
         """Is ``node`` inside a ``with ....main_process_first():`` block?"""
@@ -234,9 +244,21 @@ class MainProcessFiles(AccelifyCodemod):
         return False
 
     def _download_helpers(self, module: cst.Module) -> dict[str, cst.FunctionDef]:
-        """Module-level functions that build a dataset with ``download=...`` (``get_dataset(opts)``)."""
-        return {f.name.value: f for f in module.body if isinstance(f, cst.FunctionDef)
-                and any(_downloads(c) for c in findall(f, m.Call()))}  # type: ignore[arg-type]
+        """Module-level functions that download: a dataset built with ``download=...``
+        (``get_dataset(opts)``), a URL fetched (``urllib.request.urlopen``, ``requests.get``), or a call
+        of another such function (``get_training_set()`` -> ``download_bsd300()``)."""
+        functions = {f.name.value: f for f in module.body if isinstance(f, cst.FunctionDef)}
+        helpers = {name: f for name, f in functions.items() if any(
+            _downloads(c) or qualified_names(self, c.func) & _FETCHES for c in findall(f, m.Call()))}  # type: ignore[arg-type]
+        grew = True
+        while grew:
+            grew = False
+            for name, function in functions.items():
+                if name not in helpers and any(m.matches(c, m.Call(func=m.Name())) and c.func.value in helpers  # type: ignore[attr-defined]
+                                               for c in findall(function, m.Call())):
+                    helpers[name] = function
+                    grew = True
+        return helpers
 
     def _calls_download_helper(self, node: cst.CSTNode) -> bool:
         return any(m.matches(c, m.Call(func=m.Name())) and c.func.value in self._helpers  # type: ignore[attr-defined]
@@ -261,6 +283,8 @@ class MainProcessFiles(AccelifyCodemod):
         elif names & {"builtins.open", "open"} and len(node.args) > 1 and (mode := string_value(node.args[1].value)) and set(mode) & set("wax"):
             if self.plan.evaluation and self._evaluation_file(node):
                 return
+            if self._helper_guarded(node):
+                return  # a download helper's file: written by the main process first
             what = f"a file opened with mode {mode!r}: every process writes it"
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
         elif self.plan.evaluation and self._per_batch_write(node):

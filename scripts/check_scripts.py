@@ -136,17 +136,23 @@ def check(script: Path, multi: bool, timeout: float, port: int, launched: bool =
         row["status"] = "refused" if result.findings else "silent"
         return row
     with tempfile.TemporaryDirectory() as scratch:
-        work = Path(scratch)
-        for sibling in script.parent.iterdir():  # data files and sibling modules the script reads
-            if sibling.is_file() and sibling.suffix != ".py":
-                shutil.copy(sibling, work / sibling.name)
-        (work / "orig.py").write_text(source, encoding="utf-8")
-        (work / "conv.py").write_text(result.output, encoding="utf-8")
+        # each run in a folder of its own, as a fresh checkout: what one run downloads, extracts or
+        # saves must not spare the next one its own (the two processes' race on a download included)
+        runs = {}
+        for name in ("orig", "conv", "two"):
+            folder = Path(scratch, name)
+            folder.mkdir()
+            for sibling in script.parent.iterdir():  # data files and sibling modules the script reads
+                if sibling.is_file() and sibling.suffix != ".py":
+                    shutil.copy(sibling, folder / sibling.name)
+            (folder / "orig.py").write_text(source, encoding="utf-8")
+            (folder / "conv.py").write_text(result.output, encoding="utf-8")
+            runs[name] = folder
         if launched:  # a hand-written DDP original needs its launcher: only the conversion runs here
             rc_o, out_o, err_o = 0, "", ""
         else:
-            rc_o, out_o, err_o, _ = run_one(work, "orig.py", "orig", timeout)
-        rc_c, out_c, err_c, trace_c = run_one(work, "conv.py", "conv", timeout)
+            rc_o, out_o, err_o, _ = run_one(runs["orig"], "orig.py", "orig", timeout)
+        rc_c, out_c, err_c, trace_c = run_one(runs["conv"], "conv.py", "conv", timeout)
         ref, got = (kept(out_c), kept(out_c)) if launched else (kept(out_o), kept(out_c))
         row["original_ok"] = rc_o == 0
         if rc_o != 0:
@@ -169,7 +175,7 @@ def check(script: Path, multi: bool, timeout: float, port: int, launched: bool =
         row["status"] = "converted"
         if not multi:
             return row
-        rc_m, outs, err_m, traces = run_two(work, "conv.py", timeout, port)
+        rc_m, outs, err_m, traces = run_two(runs["two"], "conv.py", timeout, port)
         devices = [t["device"] for t in traces if t["device"]]
         if devices:
             row["status"] = "wrong"
