@@ -54,7 +54,8 @@ def unused_note(plan: Plan) -> str:
     if not plan.unused_parameters:
         return ""
     return (f", with `find_unused_parameters=True`: {', '.join(f'`{c}.forward`' for c in plan.unused_parameters)} "
-            "runs a part under `no_grad` whose parameters still require grad (DDP would wait for their gradients)")
+            "runs a part under `no_grad` or detaches a result, and parameters that still require grad get none "
+            "(DDP would wait for their gradients)")
 
 
 def merge_leading_lines(first: Sequence[cst.EmptyLine], second: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:

@@ -73,6 +73,7 @@ class HostInputs(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._place: dict[int, str] = {}  # id of an argument's value -> how its scope spells the Accelerator
+        self._batches = {}
         if not places_nothing(self, self.plan, node):
             return
         root = scope_root(node, self.plan.setup)
@@ -80,14 +81,60 @@ class HostInputs(AccelifyCodemod):
         # the line of the last statement that builds a training object: `prepare` comes right after it
         self._prepare_line = self.line_of(located[0].body[located[1] - 1])[0] if located and located[1] else None
         models = self.plan.flow["model"]
+        self._batches: dict[int, tuple[list[str], str]] = {}  # an early batch's statement -> its names, Accelerator
         for call in findall(node, m.Call()):
             if ref_of(self, call.func) not in models:  # type: ignore[attr-defined]
                 continue
             for arg in call.args:  # type: ignore[attr-defined]
-                if arg.keyword is None and not arg.star and self._computed_on_host(arg.value):
+                if arg.keyword is not None or arg.star:
+                    continue
+                batch = self._early_batch_statement(arg.value)
+                if batch is not None:
+                    self._place_batch(batch)
+                elif self._computed_on_host(arg.value):
                     accelerator = self.accelerator_at(call)
                     if accelerator is not None:
                         self._place[id(arg.value)] = accelerator
+
+    def _early_batch_statement(self, value: cst.BaseExpression) -> Optional[cst.SimpleStatementLine]:
+        """The statement ``val_image, val_label = next(iter(val_loader))`` (taken before ``prepare``) that
+        binds ``value`` (``val_image``, ``val_image[:4]``), if that is its one binding."""
+        while isinstance(value, cst.Subscript):
+            value = value.value
+        if not isinstance(value, cst.Name):
+            return None
+        scope = self.get_metadata(ScopeProvider, value, None)
+        bindings = list(scope[value.value]) if scope is not None else []
+        if len(bindings) != 1:
+            return None
+        node: Optional[cst.CSTNode] = getattr(bindings[0], "node", None)
+        while node is not None and not isinstance(node, cst.Assign):
+            if isinstance(node, cst.BaseStatement):
+                return None
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        if node is None or len(node.targets) != 1 or not self._early_batch(node.value):
+            return None
+        line = self.get_metadata(ParentNodeProvider, node, None)
+        return line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+
+    def _place_batch(self, statement: cst.SimpleStatementLine) -> None:
+        target = statement.body[0].targets[0].target  # type: ignore[attr-defined]
+        elements = target.elements if isinstance(target, (cst.Tuple, cst.List)) else [cst.Element(target)]
+        names = [e.value.value for e in elements if isinstance(e.value, cst.Name)]
+        accelerator = self.accelerator_at(statement)
+        if len(names) == len(elements) and accelerator is not None:
+            self._batches[id(statement)] = (names, accelerator)
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        updated = super().leave_SimpleStatementLine(original_node, updated_node)
+        if id(original_node) not in self._batches or updated is not updated_node:
+            return updated
+        names, accelerator = self._batches[id(original_node)]
+        self.change(original_node, "a batch taken before `prepare`, on the host: moved to the model's device")
+        placed = ", ".join(f"{n}.to({accelerator}.device)" for n in names)
+        return cst.FlattenSentinel([updated, self.parse_statement(f"{', '.join(names)} = {placed}\n")])
 
     def _computed_on_host(self, value: cst.BaseExpression) -> bool:
         """``test_x`` or ``test_x[:10]`` where every binding of ``test_x`` is a tensor the script
@@ -108,8 +155,6 @@ class HostInputs(AccelifyCodemod):
             assign = self.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
             if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
                 return False
-            if self._early_batch(assign.value):
-                continue
             if isinstance(assign.targets[0].target, (cst.Tuple, cst.List)) or not self._host_tensor(assign.value):
                 return False
             if self._in_loader_loop(assign):

@@ -35,9 +35,9 @@ extracted (``zipfile``, ``tarfile``, ``shutil.unpack_archive``), URL downloaded 
 ``requests``) and line printed to stdout, each with the user's file and line, goes to ``record``
 as a dict (prints: the first of each line of code, and a count per line of code at the end through
 ``summary()``). ``judge_side_effects`` (torch-free) reads the ranks' records and names the
-failures: a path written by several processes, a download or an extraction on every process, and
-a line of code that prints more than once on a process other than the first (per-batch or
-per-epoch output on every process). Directories made on every process are recorded, not judged:
+failures: a path written by several processes, a download or an extraction on every process (not
+inside ``main_process_first()``, where the processes take turns), and a line of code that prints
+more than once on a process other than the first (per-batch or per-epoch output on every process). Directories made on every process are recorded, not judged:
 a race on one either fails the run, which shows, or is handled by the script
 (``try: os.makedirs(d) except OSError: pass``).
 
@@ -427,6 +427,7 @@ class SideEffects:
         self.codes: dict[tuple, Optional[str]] = {}
         self.pid = os.getpid()
         self.depth = 0  # inside a recorded call (torch.save opening its file): not recorded again
+        self.in_turn = 0  # inside Accelerate's main_process_first(): the processes take turns
 
     def event(self, kind: str, path=None, frame=None, **extra) -> None:
         if os.getpid() != self.pid or self.depth:
@@ -439,6 +440,8 @@ class SideEffects:
                 path = os.path.abspath(os.fspath(path))
             except TypeError:
                 path = None
+        if self.in_turn:
+            extra["in_turn"] = True
         self.record({"event": "effect", "kind": kind, "path": path, **here, **extra})
 
     def printed(self, text: str) -> None:
@@ -563,7 +566,29 @@ def install_side_effects(record: Callable[[dict[str, Any]], None]) -> SideEffect
                      lambda obj, f, *a, **k: f if isinstance(f, (str, bytes, os.PathLike)) else None,
                      when=lambda obj, f, *a, **k: isinstance(f, (str, bytes, os.PathLike)))
     sys.stdout = _Tee(sys.stdout, effects)
+    after_import("accelerate.state", lambda module: _taking_turns(module, effects))
     return effects
+
+
+def _taking_turns(module, effects: SideEffects) -> None:
+    """Mark what runs inside ``main_process_first()`` (and its local twin): the main process does it,
+    then the others, in turn; a download or an extraction repeated so is no race."""
+    state = getattr(module, "PartialState", None)
+    goes_first = getattr(state, "_goes_first", None)
+    if goes_first is None or getattr(goes_first, "__accelify_turns__", False):
+        return
+    def _goes_first(self, *args, **kwargs):  # a generator, as Accelerate's (``yield from`` in both)
+        turn = goes_first(self, *args, **kwargs)
+        value = next(turn)  # the others have waited for the main process here
+        effects.in_turn += 1
+        try:
+            yield value
+        finally:
+            effects.in_turn -= 1
+        yield from turn  # the main process waits for the others
+
+    _goes_first.__accelify_turns__ = True  # type: ignore[attr-defined]
+    state._goes_first = _goes_first
 
 
 def judge_side_effects(ranks: dict[int, list[dict[str, Any]]], prints: dict[int, list[dict[str, Any]]]) -> list[str]:
@@ -588,6 +613,8 @@ def judge_side_effects(ranks: dict[int, list[dict[str, Any]]], prints: dict[int,
                 # recorded, never judged: a race on a directory either fails the run (visible) or is
                 # handled by the script (`try: os.makedirs(d) except OSError: pass`)
                 continue
+            if event.get("in_turn") and event["kind"] in ("download", "extract"):
+                continue  # under main_process_first(): the others repeat it after the main process, no race
             key = (event["kind"], event.get("path") if event["kind"] != "download" else event.get("path") or at(event))
             by_path.setdefault(key, {}).setdefault(rank, event)
     what = {"write": "writes", "extract": "extracts into", "download": "downloads"}

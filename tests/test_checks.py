@@ -269,3 +269,35 @@ def test_an_accelerator_on_the_cpu_computes_on_the_host(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["torch.Size([3,", "2])", "cpu"]
+
+
+def test_downloads_taken_in_turn_under_main_process_first_are_no_race():
+    turn = {0: [effect("extract", "/x/data", in_turn=True)], 1: [effect("extract", "/x/data", in_turn=True)]}
+    assert judge_side_effects(turn, {}) == []
+    race = {0: [effect("extract", "/x/data")], 1: [effect("extract", "/x/data")]}
+    assert judge_side_effects(race, {})  # both at once: a race
+
+
+TURNS_SCRIPT = '''
+import os, zipfile
+from accelerate import Accelerator
+accelerator = Accelerator()
+with zipfile.ZipFile("a.zip", "w") as z:
+    z.writestr("inner.txt", "hi")
+with accelerator.main_process_first():
+    zipfile.ZipFile("a.zip").extractall("inside")
+zipfile.ZipFile("a.zip").extractall("outside")
+'''
+
+
+def test_the_hook_marks_what_runs_under_main_process_first(tmp_path):
+    pytest.importorskip("accelerate")
+    (tmp_path / "script.py").write_text(TURNS_SCRIPT, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    env.update(ACCELIFY_TRACE=str(tmp_path / "t"), ACCELIFY_CHECKS="effects", ACCELERATE_USE_CPU="1")
+    proc = subprocess.run([sys.executable, "-m", "accelify.runtime.trace", "script.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in (tmp_path / "t.0.jsonl").read_text().splitlines()]
+    extracted = {os.path.basename(e["path"]): e.get("in_turn", False) for e in events if e.get("kind") == "extract"}
+    assert extracted == {"inside": True, "outside": False}

@@ -73,8 +73,12 @@ def test_a_batch_taken_before_prepare_goes_to_the_device_and_one_taken_after_doe
     """WZMIAOMIAO's LeNet validates on `next(iter(val_loader))` taken before `prepare` (a host batch);
     the CIFAR-10 tutorial's `next(dataiter)` after training comes from the prepared loader."""
     early, codes = convert("val_loader = DataLoader(valset, batch_size=500)\nval_image, val_label = next(iter(val_loader))",
-                           "out = model(val_image)")
-    assert "out = model(val_image.to(accelerator.device))" in early and "ACC024" in codes
+                           "out = model(val_image)\nacc = (out.argmax(1) == val_label).float().mean()")
+    # the whole batch goes, labels too: the metric compares them with the model's outputs
+    assert ("val_image, val_label = next(iter(val_loader))\n"
+            "val_image, val_label = val_image.to(accelerator.device), val_label.to(accelerator.device)\n") in early
+    assert "out = model(val_image)\n" in early and "ACC024" in codes
+    assert convert_source(early, "train.py").output == early
     late, codes = convert("val_loader = DataLoader(valset, batch_size=500)",
                           "val_image, val_label = next(iter(val_loader))\nout = model(val_image)")
     assert "out = model(val_image)" in late and "ACC024" not in codes

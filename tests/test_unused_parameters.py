@@ -38,3 +38,14 @@ def test_a_forward_with_gradients_needs_nothing():
     source = FIXTURE.read_text(encoding="utf-8").replace(
         "        with torch.no_grad():\n            features = self.backbone(x)\n", "        features = self.backbone(x)\n")
     assert "DistributedDataParallelKwargs" not in convert(source)
+
+
+def test_a_forward_that_detaches_a_computed_value_needs_find_unused_parameters():
+    source = FIXTURE.read_text(encoding="utf-8").replace(
+        "        with torch.no_grad():\n            features = self.backbone(x)\n",
+        "        features = self.backbone(x).cpu().data\n")
+    assert HANDLER in convert(source)
+    reads_weights = FIXTURE.read_text(encoding="utf-8").replace(
+        "        with torch.no_grad():\n            features = self.backbone(x)\n",
+        "        features = self.backbone(x) * self.head.weight.data.norm()\n")
+    assert "DistributedDataParallelKwargs" not in convert(reads_weights)

@@ -2,7 +2,8 @@
 
 A model whose ``forward`` runs a submodule under ``torch.no_grad()`` (a pretrained backbone used
 as a fixed feature extractor, yunjey's image-captioning ``EncoderCNN``) while that submodule's
-parameters still require grad trains fine in one process. Prepared on N processes it is wrapped in
+parameters still require grad, or cuts a computed value off the graph (``.detach()``, ``.data``),
+trains fine in one process. Prepared on N processes it is wrapped in
 ``DistributedDataParallel``, which waits for a gradient of every parameter that requires one: the
 second step fails with "Expected to have finished reduction in the prior iteration". The
 Accelerator is then created with ``DistributedDataParallelKwargs(find_unused_parameters=True)``
@@ -51,8 +52,13 @@ def decide(facts: Facts, plan: Plan) -> None:
 
 
 def _runs_without_grad(facts: Facts, cls: cst.ClassDef, frozen: set[str]) -> bool:
-    """``forward`` calls ``self.<part>(...)`` inside ``with torch.no_grad():`` for a part not frozen."""
+    """``forward`` calls ``self.<part>(...)`` inside ``with torch.no_grad():`` for a part not frozen, or
+    cuts a result off the graph (``.detach()``, ``.data``: L1aoXingyu's sequence tagger feeds
+    ``self.char_lstm(...).cpu().data`` on, so the character LSTM never gets a gradient)."""
     for function in findall(cls, m.FunctionDef(name=m.Name("forward"))):
+        cut = findall(function, m.Call(func=m.Attribute(attr=m.Name("detach"))) | m.Attribute(attr=m.Name("data")))
+        if any(not _attribute_of_self(node) for node in cut):
+            return True  # `self.head.weight.data` reads a parameter; anything else cuts a computed value
         for block in findall(function, m.With()):
             if not any(isinstance(i.item, cst.Call) and has_qname(facts, i.item.func, _NO_GRAD)
                        for i in block.items):  # type: ignore[attr-defined]
@@ -78,3 +84,10 @@ def _frozen_attributes(module: cst.Module) -> set[str]:
                                        args=[m.Arg(m.Name("False"))])):
         frozen.add(call.func.value.attr.value)  # type: ignore[attr-defined]
     return frozen
+
+
+def _attribute_of_self(node: cst.CSTNode) -> bool:
+    """``self.head.weight.data``: attributes all the way down to ``self``, no call (a parameter)."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return m.matches(node, m.Name("self"))
