@@ -23,7 +23,8 @@ from libcst.metadata import ParentNodeProvider, ScopeProvider
 from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
 from accelify.analysis import (
-    DATALOADERS, enclosing_function, has_qname, peel_iterable, receiver_refs, ref_of, string_value,
+    DATALOADERS, assigned_values, classify_device, enclosing_function, has_qname, peel_iterable, receiver_refs, ref_of,
+    string_value,
 )
 from accelify.walk import findall
 
@@ -47,12 +48,17 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     moved = _model_moved(facts, plan)
     if moved is not None:
         device = code_of(moved.args[0].value)
+        function = enclosing_function(facts, moved)
+        handed = function is not None and isinstance(moved.args[0].value, cst.Name) and any(
+            p.name.value == device for p in function.params.params)
+        where = (f"a parameter of `{function.name.value}` that accelify does not follow to where the device is chosen"
+                 if handed and function is not None else
+                 "a device accelify cannot follow to a choice it knows (`torch.device(...)`, `\"cuda\"`, `\"cpu\"`)")
         facts.finding(
             plan, moved, "ACC108",
-            f"`{code_of(moved)}`: the script moves its model to `{device}`, a device accelify cannot follow to a "
-            "choice it knows (`torch.device(...)`, `\"cuda\"`, `\"cpu\"`); left in place, every process would "
-            "use that one device, and removed, what the script moves there by hand would stay behind. File not "
-            "converted.",
+            f"`{code_of(moved)}`: the script moves its model to `{device}`, {where}; left in place, every process "
+            "would use that one device, and removed, what the script moves there by hand would stay behind. File "
+            "not converted.",
             f"choose the device where the script builds the model (`device = torch.device(\"cuda\" if "
             f"torch.cuda.is_available() else \"cpu\")`) instead of `{device}`, or use `accelerator.device`.",
         )
@@ -89,12 +95,24 @@ def _model_moved(facts: Facts, plan: Plan) -> Optional[cst.Call]:
     for call in facts.calls:
         if not m.matches(call.func, m.Attribute(attr=m.Name("to"))) or not call.args or call.args[0].keyword is not None:
             continue
-        if not any(ref in models for ref in receiver_refs(facts, call.func.value)):  # type: ignore[attr-defined]
+        if not any(ref in models for ref in receiver_refs(facts, call.func.value)) \
+                and not _binds_model(facts, call, models):  # type: ignore[attr-defined]
             continue
         target = call.args[0].value
-        if string_value(target) is None and not m.matches(target, m.Name("torch") | m.Attribute(value=m.Name("torch"))):
-            return call
+        if string_value(target) is not None or m.matches(target, m.Name("torch") | m.Attribute(value=m.Name("torch"))):
+            continue
+        if isinstance(target, cst.Name) and any(classify_device(facts, v) is not None
+                                                for v in assigned_values(facts, target)):
+            continue  # a device choice accelify knows, made elsewhere: the placement's ACC108 says so
+        return call
     return None
+
+
+def _binds_model(facts: Facts, call: cst.Call, models) -> bool:
+    """``model = Net().to(device)``: the call's value is what a model is bound to."""
+    parent = facts.get_metadata(ParentNodeProvider, call, None)
+    return isinstance(parent, cst.Assign) and parent.value is call and any(
+        ref_of(facts, t.target) in models for t in parent.targets)
 
 
 def is_hand_made(facts: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
