@@ -435,7 +435,7 @@ class SideEffects:
         here = where(frame if frame is not None else sys._getframe(2))
         if here["file"] is None:
             return  # a library's own bookkeeping (a cache, a lock file), not the script's
-        if path is not None:
+        if path is not None and not (kind == "download" and "://" in str(path)):  # a URL stays a URL
             try:
                 path = os.path.abspath(os.fspath(path))
             except TypeError:
