@@ -326,6 +326,19 @@ def direct_calls(visitor: cst.MetadataDependent, scope_of: cst.CSTNode, name: st
     return calls
 
 
+def enclosing_loop_over(visitor: cst.MetadataDependent, node: cst.CSTNode, refs) -> Optional[cst.For]:
+    """The innermost ``for`` around ``node`` whose iterable (``tqdm(enumerate(loader))`` peeled) is one
+    of ``refs`` (the prepared loaders), or None."""
+    from libcst.metadata import ParentNodeProvider
+
+    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None:
+        if isinstance(parent, cst.For) and ref_of(visitor, peel_iterable(visitor, parent.iter)) in refs:
+            return parent
+        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return None
+
+
 def enumerate_counter(loop: cst.For) -> set[str]:
     """The batch index of ``for i, batch in enumerate(loader)`` (``tqdm(enumerate(loader))`` too): a
     number the loop counts, not part of the batch."""

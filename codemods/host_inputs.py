@@ -9,7 +9,9 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.data import places_nothing
-from accelify.analysis import locate_setup, peel_iterable, qualified_names, ref_of, scope_root, trainer_functions
+from accelify.analysis import (
+    enclosing_loop_over, locate_setup, qualified_names, ref_of, scope_root, trainer_functions,
+)
 from accelify.plan import Plan
 from accelify.walk import findall
 
@@ -200,13 +202,7 @@ class HostInputs(AccelifyCodemod):
         return False
 
     def _in_loader_loop(self, node: cst.CSTNode) -> bool:
-        loaders = self.plan.flow["loader"]
-        current: Optional[cst.CSTNode] = self.get_metadata(ParentNodeProvider, node, None)
-        while current is not None:
-            if isinstance(current, cst.For) and ref_of(self, peel_iterable(self, current.iter)) in loaders:
-                return True
-            current = self.get_metadata(ParentNodeProvider, current, None)
-        return False
+        return enclosing_loop_over(self, node, self.plan.flow["loader"]) is not None
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         accelerator = self._place.get(id(original_node.value))

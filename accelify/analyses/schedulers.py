@@ -23,8 +23,8 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import is_scheduler
 from accelify.analysis import (
-    Ref, assigned_names, enumerate_counter, locate_setup, peel_iterable, read_names, ref_of, scope_root, simple_assign,
-    trains,
+    Ref, assigned_names, enclosing_loop_over, enumerate_counter, locate_setup, read_names, ref_of, scope_root,
+    simple_assign, trains,
 )
 from accelify.walk import findall
 
@@ -136,12 +136,7 @@ def _stepping(facts: Facts, plan: Plan, scheduler: Ref) -> Optional[str]:
 
 
 def _loader_loop(facts: Facts, plan: Plan, node: cst.CSTNode) -> Optional[cst.For]:
-    parent = facts.get_metadata(ParentNodeProvider, node, None)
-    while parent is not None:
-        if isinstance(parent, cst.For) and ref_of(facts, peel_iterable(facts, parent.iter)) in plan.flow["loader"]:
-            return parent
-        parent = facts.get_metadata(ParentNodeProvider, parent, None)
-    return None
+    return enclosing_loop_over(facts, node, plan.flow["loader"])
 
 
 def _in_loader_loop(facts: Facts, plan: Plan, node: cst.CSTNode) -> bool:
