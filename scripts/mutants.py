@@ -480,6 +480,63 @@ MUTANTS = [
         "        return False\n",
         tests=tuple(EVALUATION),
     ),
+    # --- issue 24: what only a GPU or several processes show (the checks of accelify.runtime.checks)
+    Mutant(
+        "counters-left-on-host", "a CPU-only script's counters meet the device's outputs: a crash on a GPU",
+        "codemods/__init__.py",
+        "NumpyOnCpu, CountersOnDevice, HostInputs,",
+        "NumpyOnCpu, HostInputs,",
+        tests=("tests/test_e2e_scripts.py", "tests/test_counters.py"),
+    ),
+    Mutant(
+        "host-input-not-moved", "a tensor computed on the host meets the prepared model: a crash on a GPU",
+        "codemods/host_inputs.py",
+        "                        self._place[id(arg.value)] = accelerator\n",
+        "                        pass\n",
+        tests=("tests/test_e2e_scripts.py", "tests/test_host_inputs.py"),
+    ),
+    Mutant(
+        "progress-bar-on-every-rank", "a home-made progress bar drawn by every process",
+        "codemods/__init__.py",
+        "SplitInference, ConsoleHelpers, AddAccelerator,",
+        "SplitInference, AddAccelerator,",
+        tests=("tests/test_e2e_scripts.py", "tests/test_console_helpers.py"),
+    ),
+    Mutant(
+        "batch-index-gathered", "the enumerate index gathered with the tensors: unpacking fails on 2 processes",
+        "codemods/gather.py",
+        "derived = set(assigned_names(loop.target)) - enumerate_counter(loop)",
+        "derived = set(assigned_names(loop.target))",
+        tests=("tests/test_e2e_scripts.py",),
+    ),
+    Mutant(
+        "iteration-scheduler-prepared", "a per-iteration schedule stepped N times per iteration",
+        "accelify/analyses/schedulers.py",
+        "        inside.append(loop is not None and not _iteration_bounded(facts, loop))",
+        "        inside.append(loop is not None)",
+        tests=("tests/test_e2e_shapes.py", "tests/test_scheduler_iterations.py"),
+    ),
+    Mutant(
+        "unused-parameters-ignored", "DDP waits for a frozen part's gradients: fails at step 2",
+        "accelify/plan.py",
+        "    unused_parameters.decide(facts, plan)\n",
+        "",
+        tests=("tests/test_e2e_scripts.py", "tests/test_unused_parameters.py"),
+    ),
+    Mutant(
+        "device-check-blind-to-mixing", "the emulation never sees a host tensor meet the device",
+        "runtime/checks.py",
+        "                elif host_hit is None and tensor.dim() > 0:",
+        "                elif False:",
+        tests=("tests/test_checks.py",),
+    ),
+    Mutant(
+        "side-effects-never-judged", "files written by every process go unreported",
+        "runtime/checks.py",
+        "        if len(seen) < 2:\n            continue",
+        "        if True:\n            continue",
+        tests=("tests/test_checks.py", "tests/test_e2e_verify.py"),
+    ),
 ]
 
 
