@@ -17,6 +17,7 @@ from .data_parallel import DataParallel
 from .device import RemoveDevice
 from .distributed import Distributed
 from .gather import GatherForMetrics
+from .host_batch_parts import HostBatchParts
 from .host_inputs import HostInputs
 from .loading import Loading
 from .main_process import MainProcessOutput
@@ -55,7 +56,8 @@ from .visible_devices import LauncherDevices
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, AcceleratorParameter, Prepare,
     GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics,
-    MainProcessFiles, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, SplitInference, ConsoleHelpers, AddAccelerator,
+    MainProcessFiles, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
+    AddAccelerator,
     MainProcessOutput,
 )
 
