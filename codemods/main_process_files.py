@@ -168,9 +168,10 @@ class MainProcessFiles(AccelifyCodemod):
                         & qualified_names(self, a.value.func)]  # type: ignore[attr-defined]
             self._site = frozenset().union(*(self.statements_around(a) for a in existing))
             self._created = bool(existing)
-        # calls of a downloading helper, decided before the helper's own body is visited
+        # downloading statements (and calls of a downloading helper), decided before any body is visited:
+        # the helper's own downloads are reported or not by whether its calls are guarded
         for statement in findall(node, m.SimpleStatementLine()):
-            if self._calls_download_helper(statement):
+            if any(_downloads(c) for c in findall(statement, m.Call())) or self._calls_download_helper(statement):  # type: ignore[arg-type]
                 accelerator = self._download_guard(statement)
                 if accelerator is not None:
                     self._first[id(statement)] = accelerator
@@ -263,13 +264,6 @@ class MainProcessFiles(AccelifyCodemod):
     def _calls_download_helper(self, node: cst.CSTNode) -> bool:
         return any(m.matches(c, m.Call(func=m.Name())) and c.func.value in self._helpers  # type: ignore[attr-defined]
                    for c in findall(node, m.Call()))
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        super().visit_SimpleStatementLine(node)
-        if any(_downloads(c) for c in findall(node, m.Call())) or self._calls_download_helper(node):  # type: ignore[arg-type]
-            accelerator = self._download_guard(node)
-            if accelerator is not None:
-                self._first[id(node)] = accelerator
 
     def visit_Call(self, node: cst.Call) -> None:
         """ACC127: loggers, files opened for writing and downloads every process runs."""

@@ -5,6 +5,8 @@ would download and extract into the same place at once (the per-process side-eff
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from accelify.pipeline import convert_source
 
 SCRIPT = """\
@@ -65,41 +67,8 @@ def test_converting_again_never_puts_a_download_before_the_accelerator():
     assert [(f.code, f.message) for f in again.findings] == [(f.code, f.message) for f in once.findings]
 
 
-FETCHING = """\
-import os
-import tarfile
-import urllib.request
-
-import torch
-from torch.utils.data import DataLoader
-
-
-def download_bsd300(dest="dataset"):
-    if not os.path.exists(dest + "/images"):
-        os.makedirs(dest)
-        data = urllib.request.urlopen("https://example.org/BSDS300-images.tgz")
-        with open(dest + "/images.tgz", "wb") as f:
-            f.write(data.read())
-        with tarfile.open(dest + "/images.tgz") as tar:
-            tar.extractall(dest)
-    return dest + "/images"
-
-
-def get_training_set():
-    return ImageFolder(download_bsd300())
-
-
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-train_set = get_training_set()
-loader = DataLoader(train_set, batch_size=8)
-model = Net().to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for x, y in loader:
-    x, y = x.to(device), y.to(device)
-    loss = criterion(model(x), y)
-    loss.backward()
-    optimizer.step()
-"""
+# pytorch/examples' super-resolution shape: the golden fixture's script
+FETCHING = (Path(__file__).resolve().parents[1] / "fixtures" / "download_helper" / "before.py").read_text(encoding="utf-8")
 
 
 def test_a_url_fetched_two_helpers_down_is_fetched_by_the_main_process_first():

@@ -88,33 +88,7 @@ def test_a_load_after_a_save_under_a_test_waits_for_the_main_process() -> None:
     assert_stable(output)
 
 
-HELPER = """\
-import shutil
-
-import torch
-from torch.utils.data import DataLoader
-
-
-def save_checkpoint(state, is_best, filepath):
-    torch.save(state, filepath + "/checkpoint.pth.tar")
-    if is_best:
-        shutil.copyfile(filepath + "/checkpoint.pth.tar", filepath + "/model_best.pth.tar")
-
-
-loader = DataLoader(make_dataset(), batch_size=8)
-model = Net()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for epoch in range(3):
-    for x, y in loader:
-        loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-    save_checkpoint({
-        "epoch": epoch + 1,
-        "state_dict": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-    }, epoch == 2, filepath="out")
-"""
+HELPER = (FIXTURES / "save_checkpoint_helper" / "before.py").read_text(encoding="utf-8")
 
 
 def test_a_checkpoint_dict_handed_to_a_save_helper_holds_the_unwrapped_model() -> None:
