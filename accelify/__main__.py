@@ -1,4 +1,4 @@
-from accelify.cli import main
+from accelify.app.cli import main
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,11 @@ Installed as ``accelify.codemods``; inside the repository the folder is ``codemo
 
 from __future__ import annotations
 
+from accelify.codemods.data_parallel import DataParallel
+from accelify.codemods.gather import GatherForMetrics
+from accelify.codemods.main_process_files import MainProcessFiles
+from accelify.codemods.unwrap import UnwrapModelAttributes
+
 from .accelerator import AddAccelerator
 from .accelerator_param import AcceleratorParameter
 from .accumulation import GradientAccumulation
@@ -13,15 +18,12 @@ from .base import AccelifyCodemod
 from .clipping import Clipping
 from .console_helpers import ConsoleHelpers
 from .counters import CountersOnDevice
-from .data_parallel import DataParallel
 from .device import RemoveDevice
 from .distributed import Distributed
-from .gather import GatherForMetrics
 from .host_batch_parts import HostBatchParts
 from .host_inputs import HostInputs
 from .loading import Loading
 from .main_process import MainProcessOutput
-from .main_process_files import MainProcessFiles
 from .mixed_precision import MixedPrecision
 from .numpy_cpu import NumpyOnCpu
 from .placement import RemovePlacement
@@ -29,7 +31,6 @@ from .prepare import Prepare
 from .saving import Saving
 from .seeding import Seeding
 from .split_inference import SplitInference
-from .unwrap import UnwrapModelAttributes
 from .visible_devices import LauncherDevices
 
 # The order matters:

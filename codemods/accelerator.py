@@ -7,13 +7,13 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.walk import findall
-
-from accelify.analysis import Body as Block
-from accelify.analysis import binds, code_of, read_names, scope_root, setup_blocks
-from accelify.plan import Plan
-
-from accelify.composite import replace_in
+from accelify.analyses.plan import Plan
+from accelify.queries.blocks import Body as Block
+from accelify.queries.blocks import binds, scope_root
+from accelify.queries.names import code_of, read_names
+from accelify.queries.training import setup_blocks
+from accelify.queries.trees import replace_in
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, add_accelerator_imports, depth_of, insert_paragraph, unused_note, wrapped_call
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.analysis import MODULE, key_at, ref_of
-from accelify.plan import Plan, bind_arguments
+from accelify.analyses.plan import Plan, bind_arguments
+from accelify.queries.refs import MODULE, key_at, ref_of
 
 from .base import AccelifyCodemod
 

@@ -7,11 +7,11 @@ from typing import Union
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.walk import findall
-
-from accelify.accumulation import Accumulation, code_of, match
-from accelify.analysis import ref_of
-from accelify.plan import Plan
+from accelify.analyses.manual_accumulation import Accumulation, match
+from accelify.analyses.plan import Plan
+from accelify.queries.names import code_of
+from accelify.queries.refs import ref_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, merge_leading_lines
 

@@ -6,8 +6,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from accelify.analysis import ACCELERATOR_SPELLINGS
-from accelify.plan import Plan
+from accelify.analyses.plan import Plan
+from accelify.queries.refs import ACCELERATOR_SPELLINGS
 
 from .base import AccelifyCodemod, accelerator_attr
 

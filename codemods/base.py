@@ -9,15 +9,15 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import (
-    TORCH_LOAD, RawFinding, has_qname, inside, key_at, locate_setup, rebound_region, ref_of, scope_key, scope_root,
-    trainer_functions,
-)
-from accelify.composite import Block, Item, Shared, remove_imports_of
-from accelify.plan import Plan
-from accelify.report import Change
+from accelify.analyses.plan import Plan
+from accelify.queries.blocks import inside, iter_statements, scope_root, simple_assign
+from accelify.queries.names import TORCH_LOAD, has_qname
+from accelify.queries.records import Change, RawFinding
+from accelify.queries.refs import key_at, ref_of, scope_key
+from accelify.queries.training import locate_setup, rebound_region, trainer_functions
+from accelify.queries.trees import Block, Item, remove_imports_of
 
 Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 
@@ -82,7 +82,7 @@ class AccelifyCodemod(cst.CSTTransformer):
     ``Before::`` and ``After::`` markers: the README and ``accelify rules`` show it,
     and the test-suite converts it.
 
-    All codemods run in one traversal of the original tree (``accelify.composite``):
+    All codemods run in one traversal of the original tree (``accelify.core.composite``):
     ``original_node`` is always a node of the file as written (its metadata is
     known), ``updated_node`` what the children and the codemods before this one
     made of it.  A codemod that needs what another one decides asks it through
@@ -207,8 +207,6 @@ class AccelifyCodemod(cst.CSTTransformer):
         """Original statements the conversion turns into nothing (``model = model.to(device)``,
         ``model = nn.DataParallel(model)``): they no longer bind what they assign."""
         if self.shared.vanishing is None:
-            from .placement import vanishing_statements
-
             self.shared.vanishing = vanishing_statements(self.shared)
         return self.shared.vanishing
 
@@ -341,7 +339,7 @@ def _side_effect_free(expr: cst.BaseExpression) -> bool:
 
 def depth_of(module: cst.Module, target: Block) -> str:
     """The indentation of the statements of ``target``, a block of ``module``."""
-    from accelify.analysis import child_blocks
+    from accelify.queries.blocks import child_blocks
 
     def walk(block: Block, indent: str) -> Optional[str]:
         if block is target:
@@ -470,4 +468,66 @@ def cpu_string(visitor: AccelifyCodemod, node: cst.CSTNode) -> cst.SimpleString:
     strings = [a.value for a in load.args if isinstance(a.value, cst.SimpleString)] if isinstance(load, cst.Call) else []
     quote = "'" if strings and strings[0].quote == "'" else '"'
     return cst.SimpleString(f"{quote}cpu{quote}")
+
+
+class Shared:
+    """What the codemods of one run share: the edits recorded against original statements."""
+
+    def __init__(self, wrapper: MetadataWrapper) -> None:
+        self.module = wrapper.module
+        self.metadata = wrapper._metadata
+        self.removed: set[int] = set()  # original statements that go
+        self.marked: dict[int, cst.CSTNode] = {}  # nodes handed to remove() (held: ids stay unique)
+        self.replaced: set[int] = set()  # original statements a codemod replaced with new code
+        self.emptied: dict[int, cst.CSTNode] = {}  # blocks left with a `pass` only
+        self.results: dict[int, list[cst.BaseStatement]] = {}  # original statement -> what it became
+        self.origin: dict[int, cst.BaseStatement] = {}  # id(statement of the new tree) -> original
+        self.held: list[cst.CSTNode] = []  # nodes whose ids are keys above
+        self.current: list[cst.CSTNode] = []  # original nodes being visited, innermost last
+        self.codemods: dict[str, "AccelifyCodemod"] = {}
+        #: ids of `accelerator` names written where they do not decide where the Accelerator goes
+        self.quiet_uses: set[int] = set()
+        #: decisions codemods ask of one another, computed once on first request
+        self.vanishing: Optional[frozenset[int]] = None  # see AccelifyCodemod.vanishing
+        self.device_creation: Optional[tuple[Optional[cst.BaseStatement]]] = None  # see RemoveDevice.creation_site
+
+    def codemod(self, code: str) -> Optional["AccelifyCodemod"]:
+        """The codemod with ``code`` in this run, if it runs."""
+        return self.codemods.get(code)
+
+    def origin_of(self, stmt: cst.CSTNode) -> Optional[cst.BaseStatement]:
+        return self.origin.get(id(stmt))
+
+
+def vanishing_statements(shared) -> frozenset[int]:
+    """Original statements of the setup scope that the conversion leaves doing nothing, so they
+    go (``model = model.to(device)``, ``model = nn.DataParallel(model)``): what binds the training
+    objects is decided without them."""
+    placement = shared.codemod("ACC003")
+    data_parallel = shared.codemod("ACC006")
+    if placement is None and data_parallel is None:
+        return frozenset()
+    root = scope_root(shared.module, placement.plan.setup if placement is not None else data_parallel.plan.setup)
+    body = root if isinstance(root, cst.Module) else getattr(root, "body", None)
+    if not isinstance(body, (cst.Module, cst.IndentedBlock)):
+        return frozenset()
+    found = set()
+    for stmt, _ in iter_statements(body):
+        assign = simple_assign(stmt)
+        if assign is None or len(assign.targets) != 1:
+            continue
+        expr, stripped = assign.value, False
+        while isinstance(expr, cst.Call):
+            if placement is not None and isinstance(expr.func, cst.Attribute) and placement.would_strip(expr):
+                expr = placement.stripped(expr)
+            elif data_parallel is not None and data_parallel.unwraps(expr):
+                expr = expr.args[0].value
+            else:
+                break
+            if expr is None:
+                break
+            stripped = True
+        if stripped and expr is not None and is_noop(cst.Assign(targets=assign.targets, value=expr)):
+            found.add(id(stmt))
+    return frozenset(found)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.analysis import qualified_names
-from accelify.composite import remove_imports_of
-from accelify.plan import Plan
+from accelify.analyses.plan import Plan
+from accelify.queries.names import qualified_names
+from accelify.queries.trees import remove_imports_of
 
 from .base import AccelifyCodemod, accelerator_attr
 

@@ -6,9 +6,10 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
-from accelify.analysis import qualified_names, under_main_process_check
-from accelify.plan import Plan
-from accelify.walk import findall
+from accelify.analyses.plan import Plan
+from accelify.analyses.ranks import under_main_process_check
+from accelify.queries.names import qualified_names
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 

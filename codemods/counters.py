@@ -9,9 +9,11 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.data import is_hand_made, places_nothing
-from accelify.analysis import assigned_names, peel_iterable, read_names, ref_of
-from accelify.plan import Plan
-from accelify.walk import findall
+from accelify.analyses.plan import Plan
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import assigned_names, read_names
+from accelify.queries.refs import ref_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 

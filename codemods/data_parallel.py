@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
-from accelify.analysis import has_qname, receiver_refs, ref_of
-
-from accelify.analyses.distributed import DDP
+from accelify.analyses.distributed import DATA_PARALLEL, DDP
+from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import rank_attribute
-from accelify.composite import remove_imports_of
-from accelify.plan import Plan
+from accelify.queries.names import has_qname
+from accelify.queries.refs import receiver_refs, ref_of
+from accelify.queries.trees import remove_imports_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
-
-DATA_PARALLEL = frozenset(
-    {
-        "torch.nn.DataParallel",
-        "torch.nn.parallel.DataParallel",
-        "torch.nn.parallel.data_parallel.DataParallel",
-    }
-) | DDP  # a script that wraps its model in DDP itself (ACC018 removes the rest of its plumbing)
 
 
 class DataParallel(AccelifyCodemod):

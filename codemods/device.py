@@ -6,15 +6,13 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
-from accelify.analysis import MODULE, child_blocks, key_at, ref_of, simple_assign
-from accelify.composite import remove_imports_of
-from accelify.plan import bind_arguments, param_names
-
-from accelify.plan import Plan
+from accelify.analyses.plan import Plan, bind_arguments, param_names
+from accelify.queries.blocks import child_blocks, simple_assign
+from accelify.queries.refs import MODULE, key_at, ref_of
+from accelify.queries.trees import remove_imports_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, accelerator_attr, cpu_string, loads_on_the_cpu, unused_note
 

@@ -8,12 +8,14 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
+from accelify.analyses.device_kinds import per_process_device
 from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, reduce_op, spawn_arguments
+from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
-from accelify.analysis import DATALOADERS, per_process_device, has_qname, ref_of
-from accelify.composite import remove_imports_of
-from accelify.plan import Plan
+from accelify.queries.names import DATALOADERS, has_qname
+from accelify.queries.refs import ref_of
+from accelify.queries.trees import remove_imports_of
 
 from .base import AccelifyCodemod, accelerator_attr, cpu_string, loads_on_the_cpu
 
@@ -173,7 +175,7 @@ class Distributed(AccelifyCodemod):
 
     def _in_removed_helper(self, node: cst.CSTNode) -> bool:
         """Inside ``ddp_setup()``/``cleanup()``, which go whole."""
-        from accelify.analysis import enclosing_function
+        from accelify.queries.blocks import enclosing_function
 
         dist = self.plan.distributed
         func = enclosing_function(self, node)

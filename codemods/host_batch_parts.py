@@ -5,9 +5,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.analysis import assigned_names, peel_iterable, ref_of
-from accelify.plan import Plan
-from accelify.walk import findall
+from accelify.analyses.plan import Plan
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import assigned_names
+from accelify.queries.refs import ref_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 

@@ -9,11 +9,13 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.data import places_nothing
-from accelify.analysis import (
-    enclosing_loop_over, locate_setup, qualified_names, ref_of, scope_root, trainer_functions,
-)
-from accelify.plan import Plan
-from accelify.walk import findall
+from accelify.analyses.plan import Plan
+from accelify.queries.blocks import scope_root
+from accelify.queries.loops import enclosing_loop_over
+from accelify.queries.names import qualified_names
+from accelify.queries.refs import ref_of
+from accelify.queries.training import locate_setup, trainer_functions
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 

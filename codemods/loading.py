@@ -6,12 +6,12 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import iter_statements, key_at, ref_of, scope_root
-from accelify.plan import Plan
+from accelify.analyses.plan import Plan
+from accelify.queries.blocks import iter_statements, scope_root
+from accelify.queries.refs import key_at, ref_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, accelerator_attr
 

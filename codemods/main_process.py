@@ -8,10 +8,13 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import MODULE, key_at, qualified_names, scope_root, setup_blocks, under_main_process_check
-from accelify.plan import Plan
-
-from accelify.composite import descendants, rebuild_with, replace_in
+from accelify.analyses.plan import Plan
+from accelify.analyses.ranks import under_main_process_check
+from accelify.queries.blocks import scope_root
+from accelify.queries.names import qualified_names
+from accelify.queries.refs import MODULE, key_at
+from accelify.queries.training import setup_blocks
+from accelify.queries.trees import descendants, rebuild_with, replace_in
 
 from .base import AccelifyCodemod, accelerator_attr
 

@@ -6,30 +6,21 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analysis import (
-    TORCH_LOAD, TORCH_SAVE, binds, enclosing_function, key_at, peel_iterable, qualified_names, ref_of, scope_root,
-    setup_blocks, string_value, under_main_process_check,
-)
-from accelify.early_stop import EarlyStops
-from accelify.plan import Plan
-
-from accelify.composite import Item
+from accelify.analyses.early_stop import EarlyStops
+from accelify.analyses.plan import Plan
+from accelify.analyses.ranks import under_main_process_check
+from accelify.queries.blocks import binds, enclosing_function, scope_root
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
+from accelify.queries.refs import key_at, ref_of
+from accelify.queries.training import setup_blocks
+from accelify.queries.trees import Item
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 
-# Calls that write a file whose name does not depend on the process: N processes would write it N
-# times at once (a torn or interleaved file), each from its own shard.
-WRITERS = TORCH_SAVE | frozenset({  # torch.save: what ACC009 does not save with `accelerator.save`
-    "torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save", "numpy.savetxt", "numpy.savez",
-    "numpy.savez_compressed",
-    # copies and moves of a file (`shutil.copyfile(last, best)` after a save): once, or N processes
-    # race on the same target (and the others may copy before the main process has written)
-    "shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move",
-})
 #: pandas' writers, methods of a DataFrame whose type accelify cannot know: by name, with a path
 _TABLE_WRITERS = ("to_csv", "to_parquet", "to_json", "to_excel", "to_pickle", "to_feather")
 _MAKEDIRS = frozenset({"os.makedirs"})

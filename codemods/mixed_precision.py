@@ -5,11 +5,13 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.analysis import has_qname, ref_of
-from accelify.composite import remove_imports_of
-from accelify.plan import AUTOCASTS, Plan
+from accelify.analyses.plan import AUTOCASTS, Plan
+from accelify.queries.names import has_qname
+from accelify.queries.refs import ref_of
+from accelify.queries.trees import remove_imports_of
 
 from .base import AccelifyCodemod, accelerator_attr
+
 
 class MixedPrecision(AccelifyCodemod):
     """Let the Accelerator scale the loss: ``Accelerator(mixed_precision="fp16")``, no GradScaler.

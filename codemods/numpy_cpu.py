@@ -6,7 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.analyses.data import is_hand_made, places_nothing
-from accelify.plan import Plan
+from accelify.analyses.plan import Plan
 
 from .base import AccelifyCodemod
 

@@ -7,32 +7,21 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource
 
-from accelify.analysis import (
-    assigned_names,
-    has_qname,
-    is_availability_check,
-    assigned_values,
-    key_at,
-    classify_device,
-    iter_statements,
-    peel_iterable,
-    receiver_refs,
-    ref_of,
-    root_name,
-    scope_root,
-    simple_assign,
-    string_value,
-)
+from accelify.analyses.device_kinds import classify_device
+from accelify.analyses.distributed import DATA_PARALLEL
+from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import MAIN_TESTS, rank_attribute
-from accelify.composite import remove_imports_of
-from accelify.plan import Plan
+from accelify.queries.blocks import iter_statements, simple_assign
+from accelify.queries.devices import is_availability_check
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import assigned_names, has_qname, root_name, string_value
+from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
+from accelify.queries.trees import remove_imports_of
+from accelify.queries.walk import findall
 
-from .base import AccelifyCodemod, accelerator_attr, flat_code, is_noop
-from .data_parallel import DATA_PARALLEL
+from .base import AccelifyCodemod, accelerator_attr, flat_code
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
 _DEVICE_LIKE = re.compile(r"dev|gpu|cuda|rank", re.I)
@@ -482,39 +471,6 @@ class RemovePlacement(AccelifyCodemod):
         return call.with_changes(
             args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
-
-
-def vanishing_statements(shared) -> frozenset[int]:
-    """Original statements of the setup scope that the conversion leaves doing nothing, so they
-    go (``model = model.to(device)``, ``model = nn.DataParallel(model)``): what binds the training
-    objects is decided without them."""
-    placement = shared.codemod("ACC003")
-    data_parallel = shared.codemod("ACC006")
-    if placement is None and data_parallel is None:
-        return frozenset()
-    root = scope_root(shared.module, placement.plan.setup if placement is not None else data_parallel.plan.setup)
-    body = root if isinstance(root, cst.Module) else getattr(root, "body", None)
-    if not isinstance(body, (cst.Module, cst.IndentedBlock)):
-        return frozenset()
-    found = set()
-    for stmt, _ in iter_statements(body):
-        assign = simple_assign(stmt)
-        if assign is None or len(assign.targets) != 1:
-            continue
-        expr, stripped = assign.value, False
-        while isinstance(expr, cst.Call):
-            if placement is not None and isinstance(expr.func, cst.Attribute) and placement.would_strip(expr):
-                expr = placement.stripped(expr)
-            elif data_parallel is not None and data_parallel.unwraps(expr):
-                expr = expr.args[0].value
-            else:
-                break
-            if expr is None:
-                break
-            stripped = True
-        if stripped and expr is not None and is_noop(cst.Assign(targets=assign.targets, value=expr)):
-            found.add(id(stmt))
-    return frozenset(found)
 
 
 def _places_on(statement: cst.BaseStatement, device: str) -> bool:

@@ -6,11 +6,11 @@ from typing import Optional, Sequence, Union
 
 import libcst as cst
 
-from accelify.analysis import Body as Block
-from accelify.analysis import binds, locate_setup, scope_root, trainer_functions
-from accelify.plan import Plan
-
-from accelify.composite import Item
+from accelify.analyses.plan import Plan
+from accelify.queries.blocks import Body as Block
+from accelify.queries.blocks import binds, scope_root
+from accelify.queries.training import locate_setup, trainer_functions
+from accelify.queries.trees import Item
 
 from .base import AccelifyCodemod, depth_of, insert_paragraph
 

@@ -7,27 +7,17 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ClassScope, ParentNodeProvider, ScopeProvider
 
-from accelify.analysis import (
-    TORCH_LOAD,
-    TORCH_SAVE,
-    assigned_values,
-    code_of,
-    direct_calls,
-    enclosing_function,
-    key_at,
-    qualified_names,
-    receiver_refs,
-    ref_of,
-    under_main_process_check,
-)
-from accelify.early_stop import EarlyStops
-from accelify.analyses.ranks import rank_attribute
-from accelify.composite import remove_imports_of
-from accelify.plan import Plan
+from accelify.analyses.early_stop import EarlyStops
+from accelify.analyses.plan import Plan
+from accelify.analyses.ranks import rank_attribute, under_main_process_check
+from accelify.queries.blocks import enclosing_function
+from accelify.queries.names import TORCH_LOAD, TORCH_SAVE, code_of, qualified_names
+from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
+from accelify.queries.training import direct_calls
+from accelify.queries.trees import remove_imports_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 

@@ -7,12 +7,10 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.walk import findall
-
-from accelify.analysis import qualified_names
-from accelify.plan import Plan
-
-from accelify.composite import Item, remove_imports_of
+from accelify.analyses.plan import Plan
+from accelify.queries.names import qualified_names
+from accelify.queries.trees import Item, remove_imports_of
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, add_target_import
 

@@ -8,10 +8,10 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.analyses.evaluation import accumulators
-from accelify.analysis import key_at, ref_of
-from accelify.composite import Item
-from accelify.plan import Plan
-from accelify.walk import findall
+from accelify.analyses.plan import Plan
+from accelify.queries.refs import key_at, ref_of
+from accelify.queries.trees import Item
+from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, add_target_import
 

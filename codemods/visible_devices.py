@@ -5,9 +5,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.analysis import has_qname, string_value
-from accelify.composite import remove_imports_of
-from accelify.plan import Plan
+from accelify.analyses.plan import Plan
+from accelify.queries.names import has_qname, string_value
+from accelify.queries.trees import remove_imports_of
 
 from .base import AccelifyCodemod
 

@@ -5,7 +5,7 @@ usage: python scripts/check_scripts.py FOLDER [--only NAME ...] [--no-multi] [--
 Run it with the python of an environment that has accelify, torch and accelerate (and what the
 scripts import). For each ``FOLDER/*.py``, in a scratch copy of the folder:
 
-1. convert it (``accelify.pipeline.convert_source``) and convert the result again: the second
+1. convert it (``accelify.core.pipeline.convert_source``) and convert the result again: the second
    conversion must change nothing and report nothing;
 2. unchanged: the row says ``refused`` with the findings' codes and first lines (read each: is the
    reason true?) or ``silent``;
@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 from accelify.runtime.checks import judge_side_effects
 
 KEEP = re.compile(r"^(step \S+ loss \S+|eval_\w+ \S+)$")

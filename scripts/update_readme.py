@@ -28,7 +28,7 @@ def render() -> str:
 
 
 def render_findings() -> str:
-    from accelify.findings import FINDINGS
+    from accelify.output.findings import FINDINGS
 
     rows = "".join(f"| {code} | {text} |\n" for code, text in FINDINGS.items())
     return "| code | when, and what accelify does |\n|---|---|\n" + rows

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from accelify.pipeline import Options, Result, convert_source
+from accelify.core.pipeline import Options, Result, convert_source
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

@@ -283,10 +283,10 @@ class Forked:
 
 def start_forked(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str, *,
                  block: tuple[str, ...] = ()):
-    """``accelify.verify``'s ``start`` hook for the tests: the command forked from the zygote when
+    """``accelify.app.verify``'s ``start`` hook for the tests: the command forked from the zygote when
     it is ``python -m MODULE ...`` or torchrun of ``-m MODULE`` and the zygote accepts ``env``;
     otherwise (and never with ``block``) what verify does itself."""
-    from accelify.verify import start_process
+    from accelify.app.verify import start_process
 
     zygote = Zygote.get()
     if cmd[:2] != [sys.executable, "-m"] or not zygote.accepts(env):

@@ -181,7 +181,7 @@ def test_version(project: Path) -> None:
 def test_converter_never_imports_torch(project: Path) -> None:
     code = (
         "import sys\n"
-        "from accelify.cli import app\n"
+        "from accelify.app.cli import app\n"
         "try:\n"
         "    app(['convert', 'train.py'])\n"
         "except SystemExit:\n"
@@ -274,7 +274,7 @@ def test_suppression_comments(ambiguous: Path) -> None:
 
 
 def test_rules_lists_findings_too(project: Path) -> None:
-    from accelify.findings import FINDINGS
+    from accelify.output.findings import FINDINGS
 
     listed = run("rules", cwd=project).stdout.decode()
     for code in FINDINGS:
@@ -367,8 +367,8 @@ def test_rewrite_failing_a_safety_check_exits_123_and_writes_nothing(project: Pa
     rewrite: the CLI says so, exits 123, writes nothing and still converts the other files."""
     from typer.testing import CliRunner
 
-    import accelify.pipeline as pipeline
-    from accelify.cli import app
+    import accelify.core.pipeline as pipeline
+    from accelify.app.cli import app
 
     if failure == "does not parse":
         monkeypatch.setattr(pipeline, "_still_parses", lambda source, output: "Accelerator" not in output)
@@ -399,7 +399,7 @@ def test_readme_command_one_converts_the_shipped_example(root: Path) -> None:
 
 
 def test_github_error_positions() -> None:
-    from accelify.report import _error_position
+    from accelify.output.report import _error_position
 
     assert _error_position("a/b.py", "a/b.py:3:7: cannot parse: x") == (3, 7, "cannot parse: x")
     assert _error_position("a/b.py", "a/b.py:3: bad") == (3, None, "bad")

@@ -51,9 +51,9 @@ def test_files_that_cannot_train_cost_no_libcst_no_rich_no_pydantic(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.endswith(b"0 files would be converted, 2 unchanged.\n")
     modules = imported(proc.stderr)
-    assert "accelify.cli" in modules and "accelify.runner" in modules  # the parse did see the run
+    assert "accelify.app.cli" in modules and "accelify.app.runner" in modules  # the parse did see the run
     assert not {m for m in modules if m.split(".")[0] in ("libcst", "pydantic")}
-    assert not {"accelify.pipeline", "accelify.codemods", "rich.console", "rich.progress"} & modules
+    assert not {"accelify.core.pipeline", "accelify.codemods", "rich.console", "rich.progress"} & modules
 
 
 def test_a_training_file_still_loads_the_converter(tmp_path: Path) -> None:
@@ -61,12 +61,12 @@ def test_a_training_file_still_loads_the_converter(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(TRAIN)
     proc = run("convert", "--check", "train.py", cwd=tmp_path, python=("-X", "importtime"))
     assert proc.returncode == 1
-    assert {"libcst", "accelify.pipeline"} <= imported(proc.stderr)
+    assert {"libcst", "accelify.core.pipeline"} <= imported(proc.stderr)
 
 
 def _typer_reads(argv: list[str]) -> dict | None:
     """The arguments typer itself hands ``convert`` for ``argv`` (None: a usage error)."""
-    from accelify import cli
+    from accelify.app import cli
 
     seen: dict = {}
 
@@ -113,7 +113,7 @@ def test_the_quick_reading_of_the_command_line_agrees_with_typer(argv: list[str]
     """`main` reads a plain `convert` command line itself (typer's per-parameter validators
     cost more than a whole run on files that cannot train); it must read it exactly as typer
     does, and leave everything else to typer."""
-    from accelify.cli import _plain_convert_args
+    from accelify.app.cli import _plain_convert_args
 
     quick = _plain_convert_args(argv)
     if argv in LEFT_TO_TYPER:
@@ -160,8 +160,8 @@ def test_jobs_0_is_a_usage_error(many: Path) -> None:
 
 
 def test_a_pool_only_for_two_files_that_need_the_analysis(many: Path, monkeypatch) -> None:
-    from accelify import runner
-    from accelify.cli import app
+    from accelify.app import runner
+    from accelify.app.cli import app
 
     pools: list[int] = []
     real = runner._make_pool
@@ -187,8 +187,8 @@ def test_a_pool_only_for_two_files_that_need_the_analysis(many: Path, monkeypatc
 def test_output_in_file_order_when_workers_finish_in_reverse(tmp_path: Path, monkeypatch) -> None:
     import time
 
-    from accelify import runner
-    from accelify.cli import app
+    from accelify.app import runner
+    from accelify.app.cli import app
 
     def convert_text(text: str, path: str, options) -> runner.Result:  # the first files are the slowest
         time.sleep({"./f0.py": 1.0, "./f1.py": 0.5}.get(path, 0))
@@ -206,9 +206,9 @@ def test_output_in_file_order_when_workers_finish_in_reverse(tmp_path: Path, mon
 
 @pytest.mark.parametrize("output_format", ["text", "json"])
 def test_no_result_is_kept_once_printed(tmp_path: Path, monkeypatch, output_format: str) -> None:
-    from accelify import runner
-    from accelify.cli import app
-    from accelify.result import Result
+    from accelify.app import runner
+    from accelify.app.cli import app
+    from accelify.core.result import Result
 
     alive_before: list[int] = []
     made: list[weakref.ref] = []
@@ -311,7 +311,8 @@ def test_a_read_only_directory_is_an_error(tmp_path: Path) -> None:
 def test_findings_without_a_position_show_none() -> None:
     import io
 
-    from accelify.report import Finding, report_github
+    from accelify.queries.records import Finding
+    from accelify.output.report import report_github
 
     assert Finding("a.py", 0, 0, "ACC121", "No DataLoader.").render() == "a.py: ACC121 No DataLoader."
     assert Finding("a.py", 7, 0, "ACC121", "No DataLoader.").render() == "a.py:7: ACC121 No DataLoader."

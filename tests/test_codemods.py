@@ -49,14 +49,14 @@ def test_readme_lists_every_codemod_with_its_example() -> None:
 
 
 def test_readme_lists_every_finding_and_every_emitted_code_is_listed() -> None:
-    from accelify.findings import FINDINGS
+    from accelify.output.findings import FINDINGS
 
     readme = (ROOT / "README.md").read_text()
     for code, text in FINDINGS.items():
         assert f"| {code} | {text} |" in readme
     emitted = set()
     for folder in ("accelify", "codemods"):
-        for path in (ROOT / folder).glob("*.py"):
+        for path in (ROOT / folder).rglob("*.py"):
             emitted |= set(re.findall(r'"(ACC1\d\d)"', path.read_text()))
     assert emitted == set(FINDINGS)
 

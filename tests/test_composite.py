@@ -20,9 +20,10 @@ from libcst.metadata import (
 
 from libcst.metadata.scope_provider import ScopeVisitor
 
-from accelify import composite, pipeline, walk
+from accelify.core import composite, metadata, pipeline
+from accelify.queries import trees, walk
 from accelify.codemods import CODEMODS
-from accelify.names import read_anywhere, undefined_names
+from accelify.core.symbols import read_anywhere, undefined_names
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "fixtures").glob("*/before.py"))
@@ -67,7 +68,7 @@ def test_metadata_is_resolved_once_and_the_tree_walked_once(monkeypatch) -> None
 @pytest.mark.parametrize("path", SAMPLE, ids=lambda p: p.parent.name)
 def test_positions_parents_and_contexts_are_libcsts(path: Path) -> None:
     module = cst.parse_module(path.read_text())
-    ours = composite.resolve(module)
+    ours = metadata.resolve(module)
     try:
         theirs = MetadataWrapper(module, unsafe_skip_copy=True)
         positions = theirs.resolve(PositionProvider)
@@ -125,7 +126,7 @@ def test_scopes_and_qualified_names_are_libcsts(source: str) -> None:
     """Scopes come from LibCST's providers run without the wrapper's extra walks, and qualified
     names are asked of them lazily: every node gets the scope and names LibCST's way gives."""
     module = cst.parse_module(source)
-    ours = composite.resolve(module)
+    ours = metadata.resolve(module)
     try:
         theirs = MetadataWrapper(module, unsafe_skip_copy=True)
         scopes = theirs.resolve(ScopeProvider)
@@ -227,7 +228,7 @@ def test_a_file_that_cannot_train_is_not_parsed_by_libcst(monkeypatch) -> None:
 def test_replace_in_rebuilds_the_path_only() -> None:
     module = cst.parse_module("def f():\n    if x:\n        a = 1\n    b = 2\n\nc = 3\n")
     block = module.body[0].body.body[0].body  # type: ignore[attr-defined]
-    new = composite.replace_in(module, block, block.with_changes(body=[cst.parse_statement("a = 9\n")]))
+    new = trees.replace_in(module, block, block.with_changes(body=[cst.parse_statement("a = 9\n")]))
     assert new.code == "def f():\n    if x:\n        a = 9\n    b = 2\n\nc = 3\n"
     assert new.body[1] is module.body[1]  # untouched statements are the same objects
 

@@ -4,7 +4,7 @@ are left alone. fixtures/progress_bar runs end to end (rank 1 prints nothing).""
 
 from __future__ import annotations
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 SCRIPT = """\
 import sys

@@ -5,7 +5,7 @@ fixtures/counters_on_device is the golden and runs end to end with the device ch
 
 from __future__ import annotations
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 SCRIPT = """\
 import torch

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 SCRIPT = """\
 import torch

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 from e2e import FIXTURES, free_port, run_traced, script_env
 
 #: fixture -> how the original starts its processes, and the optimizer steps of each of two processes

@@ -20,7 +20,7 @@ pytest.importorskip("accelerate")
 
 from e2e import FIXTURES, STUBS, assert_ok, run_single_process, run_two_cpu_processes, script_env  # noqa: E402
 
-from accelify.pipeline import convert_source  # noqa: E402
+from accelify.core.pipeline import convert_source  # noqa: E402
 
 GOLDEN = FIXTURES / "docs" / "before.py"
 

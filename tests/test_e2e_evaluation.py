@@ -20,7 +20,7 @@ pytest.importorskip("accelerate")
 
 from e2e import FIXTURES, run_single_process, run_traced, script_env  # noqa: E402
 
-from accelify.pipeline import convert_source  # noqa: E402
+from accelify.core.pipeline import convert_source  # noqa: E402
 
 #: fixture -> (the code that writes the checkpoint it loads (the same keys as its model), the files it
 #: writes, its dataset size)
@@ -126,7 +126,7 @@ def test_the_runtime_stand_in_evaluates_the_same(tmp_path, name):
     """`--target runtime` output with accelerate blocked (accelify.runtime's single-process stand-in:
     `prepare_model`, `split_between_processes`, `gather_object`, `gather_for_metrics`): the original's
     output and files."""
-    from accelify.pipeline import Options
+    from accelify.core.pipeline import Options
 
     make, files, _ = CASES[name]
     source = (FIXTURES / name / "before.py").read_text(encoding="utf-8")

@@ -13,8 +13,8 @@ pytest.importorskip("accelerate")
 
 from e2e import FIXTURES, run_traced, script_env  # noqa: E402
 
-from accelify.result import Options  # noqa: E402
-from accelify.runner import convert_text  # noqa: E402
+from accelify.core.result import Options  # noqa: E402
+from accelify.app.runner import convert_text  # noqa: E402
 
 NOTEBOOK = FIXTURES / "notebook_runnable" / "before.ipynb"
 EPOCHS, BATCHES = 3, 8  # the notebook's: 64 samples, batches of 8

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from e2e import FIXTURES, STUBS, assert_ok, run_single_process, run_traced, script_env, without_accelerate  # noqa: E402
 
-from accelify.pipeline import Options, convert_source  # noqa: E402
+from accelify.core.pipeline import Options, convert_source  # noqa: E402
 from test_e2e_scripts import RUNNABLE  # noqa: E402
 
 # An import of accelerate (not accelify.runtime) left in the converted code.

@@ -28,7 +28,7 @@ pytest.importorskip("accelerate")
 
 from e2e import FIXTURES, Run, run_traced, script_env  # noqa: E402
 
-from accelify.pipeline import convert_source  # noqa: E402
+from accelify.core.pipeline import convert_source  # noqa: E402
 
 
 @dataclass(frozen=True)

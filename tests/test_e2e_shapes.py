@@ -12,7 +12,7 @@ pytest.importorskip("accelerate")
 
 from e2e import FIXTURES, run_traced, script_env  # noqa: E402
 
-from accelify.pipeline import convert_source  # noqa: E402
+from accelify.core.pipeline import convert_source  # noqa: E402
 
 
 def _prepare(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:

@@ -21,8 +21,8 @@ pytest.importorskip("accelerate")
 from e2e import FIXTURES, REPO, STUBS, run, script_env, start_forked  # noqa: E402
 from test_e2e_scripts import RUNNABLE  # noqa: E402
 
-from accelify.pipeline import convert_source  # noqa: E402
-from accelify.verify import verify  # noqa: E402
+from accelify.core.pipeline import convert_source  # noqa: E402
+from accelify.app.verify import verify  # noqa: E402
 
 
 def _verify(folder: Path, *args: str, env: dict[str, str] | None = None, expect: int = 0) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelify.pipeline import convert_source
-from accelify.precheck import may_train
+from accelify.core.pipeline import convert_source
+from accelify.core.precheck import may_train
 
 EVAL = """\
 import torch

@@ -5,7 +5,7 @@ left under the guard the tensor would stay on the host there while the model is 
 
 from __future__ import annotations
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 SCRIPT = """\
 import torch

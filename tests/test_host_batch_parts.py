@@ -6,7 +6,7 @@ them to `plt.scatter`: the device check found it)."""
 from __future__ import annotations
 
 from accelify.codemods.host_batch_parts import HostBatchParts
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 BEFORE, _ = HostBatchParts.example()
 

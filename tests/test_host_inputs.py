@@ -5,7 +5,7 @@ computed from them are placed already; a script that placed its model itself is 
 
 from __future__ import annotations
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 SCRIPT = """\
 import torch

@@ -4,7 +4,7 @@ false ACC121 "places nothing on a device" (issue 24's real scripts: ultralytics/
 
 from __future__ import annotations
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 HELPER_DEVICE = """\
 import torch

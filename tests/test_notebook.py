@@ -14,9 +14,9 @@ import pytest
 
 from conftest import FIXTURES
 
-from accelify import notebook
-from accelify.result import Options
-from accelify.runner import convert_text
+from accelify.notebooks import convert as notebook
+from accelify.core.result import Options
+from accelify.app.runner import convert_text
 
 BEFORE = FIXTURES / "notebook_docs" / "before.ipynb"
 AFTER = FIXTURES / "notebook_docs" / "after.ipynb"

@@ -4,7 +4,7 @@ tutorial's `imshow` of a test batch would raise on a GPU)."""
 
 from __future__ import annotations
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 HEAD = """\
 import torch

@@ -7,7 +7,7 @@ import ast
 import libcst as cst
 import pytest
 
-import accelify.pipeline as pipeline
+import accelify.core.pipeline as pipeline
 from accelify.codemods import AccelifyCodemod
 from conftest import FIXTURES, ROOT, convert
 
@@ -93,7 +93,7 @@ def test_a_selection_never_uses_an_accelerator_a_helper_does_not_receive(root) -
 def test_a_rewrite_that_reads_an_undefined_name_leaves_the_file_unchanged(root, monkeypatch) -> None:
     # A planning bug that sends `accelerator` where it is not bound (here: forced, by pretending
     # every function reaches it) must end as a reported error, never as a NameError at run time.
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
     monkeypatch.setattr(Plan, "accelerator_in", lambda self, key: self.accelerator)
     source = (root / "fixtures" / "mnist_functions" / "before.py").read_text()
@@ -161,7 +161,7 @@ def test_a_download_before_the_accelerator_exists_is_reported_not_wrapped() -> N
 
 
 def test_a_finding_is_one_line_even_when_it_quotes_code_over_several():
-    from accelify.report import Finding
+    from accelify.queries.records import Finding
 
     finding = Finding("train.py", 3, 1, "ACC126", "`dist.all_reduce(\n        total)` is kept", "drop\n    it")
     assert finding.message == "`dist.all_reduce( total)` is kept" and finding.suggestion == "drop it"

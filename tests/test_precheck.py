@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-import accelify.pipeline as pipeline
-from accelify import precheck
-from accelify.precheck import may_train, needs_analysis, syntax_error
+import accelify.core.pipeline as pipeline
+from accelify.core import precheck
+from accelify.core.precheck import may_train, needs_analysis, syntax_error
 
 HEAD = """\
 import torch
@@ -247,7 +247,7 @@ def test_old_text_test_still_filters_first() -> None:
 
 def test_optimizer_name_pattern_is_plans() -> None:
     """precheck keeps a copy of plan's pattern (plan imports LibCST): they must stay equal."""
-    from accelify import plan
+    from accelify.analyses import plan
 
     assert precheck._OPTIMIZER_NAME.pattern == plan._OPTIMIZER_NAME.pattern
     assert precheck._OPTIMIZER_NAME.flags == plan._OPTIMIZER_NAME.flags
@@ -302,7 +302,7 @@ def test_syntax_error_reuses_the_parse() -> None:
 
 def test_no_libcst_import() -> None:
     code = (
-        "import sys\nfrom accelify import precheck\n"
+        "import sys\nfrom accelify.core import precheck\n"
         "assert precheck.may_train('import torch\\nopt = torch.optim.SGD(m.parameters())\\n')\n"
         "assert not precheck.may_train('x = 1  # optimizer\\n')\n"
         "assert 'libcst' not in sys.modules, 'libcst imported'\n"
@@ -312,7 +312,7 @@ def test_no_libcst_import() -> None:
 
 def test_a_text_asked_twice_is_parsed_once(monkeypatch) -> None:
     """The runner asks, then the pipeline asks of the same text: one parse."""
-    import accelify.precheck as precheck
+    import accelify.core.precheck as precheck
 
     parses = []
     real = precheck._may_train

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 # the pipeline compiles what it is given: hypothesmith's programs make CPython warn
 pytestmark = pytest.mark.filterwarnings("ignore::SyntaxWarning")
@@ -706,7 +706,7 @@ def test_generic_python_is_left_alone(source: str, analysed: bool) -> None:
     from unittest import mock
 
     assume(compiles(source))  # the grammar admits a few programs CPython rejects (`return` at top level)
-    with mock.patch("accelify.pipeline.may_train", lambda text: True) if analysed else contextlib.nullcontext():
+    with mock.patch("accelify.core.pipeline.may_train", lambda text: True) if analysed else contextlib.nullcontext():
         result = convert(source)
     assert_compiles(result.output)
     assert result.output == source and not result.changes

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 SCRIPT = """\
 import torch

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "frozen_backbone" / "before.py"
 HANDLER = "kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from accelify.verify import (
+from accelify.app.verify import (
     EXIT_DIFFERENT,
     EXIT_EQUIVALENT,
     EXIT_RUN_FAILED,
@@ -190,7 +190,7 @@ def test_trace_hook_imports_torch_only():
 def test_verify_usage_errors_exit_2(tmp_path, monkeypatch, args, message):
     from typer.testing import CliRunner
 
-    from accelify.cli import app
+    from accelify.app.cli import app
 
     (tmp_path / "train.py").write_text("print('never run')\n")
     monkeypatch.chdir(tmp_path)
@@ -203,7 +203,7 @@ def test_verify_usage_errors_exit_2(tmp_path, monkeypatch, args, message):
 def test_verify_a_file_accelify_leaves_alone(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from accelify.cli import app
+    from accelify.app.cli import app
 
     (tmp_path / "train.py").write_text("print('no training here')\n")
     monkeypatch.chdir(tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from accelify.pipeline import convert_source
+from accelify.core.pipeline import convert_source
 
 SCRIPT = """\
 {imports}

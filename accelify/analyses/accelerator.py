@@ -20,12 +20,13 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import Assignment, ScopeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts, param_names
-from accelify.analysis import ACCELERATOR_CLASS, MODULE, Ref, has_qname, read_names, scope_key, scope_root
+from accelify.queries.blocks import scope_root
+from accelify.queries.names import ACCELERATOR_CLASS, code_of, has_qname, read_names
+from accelify.queries.refs import MODULE, Ref, scope_key
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 
 def spelling(facts: Facts, plan: Plan) -> bool:

@@ -20,16 +20,16 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
-from accelify.accumulation import code_of
+from accelify.analyses.device_kinds import classify_device
 from accelify.analyses.facts import Facts
-from accelify.analysis import (
-    DATALOADERS, assigned_values, classify_device, enclosing_function, has_qname, peel_iterable, receiver_refs, ref_of,
-    string_value,
-)
-from accelify.walk import findall
+from accelify.queries.blocks import enclosing_function
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import DATALOADERS, code_of, has_qname, string_value
+from accelify.queries.refs import assigned_values, receiver_refs, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 # Tensors a script makes by hand: on the CPU unless it says otherwise.
 _TENSOR_FACTORIES = frozenset(

@@ -21,14 +21,16 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.accelerator import Arguments
+from accelify.analyses.device_kinds import classify_device
 from accelify.analyses.facts import Facts, chain_root
-from accelify.analysis import Ref, classify_device, is_availability_check, read_names, ref_of, string_value
-from accelify.walk import findall
+from accelify.queries.devices import is_availability_check
+from accelify.queries.names import code_of, read_names, string_value
+from accelify.queries.refs import Ref, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 
 def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) -> bool:

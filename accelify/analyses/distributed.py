@@ -40,18 +40,31 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import Ref, has_qname, inside, qualified_names, ref_of
-from accelify.walk import findall
 from accelify.analyses.ranks import (
-    GET_RANK, GET_WORLD_SIZE, Why, arg_ranks, both, env_key, env_rank_reads, kept_rank, launch_branches,
-    main_flags_of, main_process_test, not_main_process_test, propagate, rank_source,
+    GET_RANK,
+    GET_WORLD_SIZE,
+    Why,
+    arg_ranks,
+    both,
+    env_key,
+    env_rank_reads,
+    kept_rank,
+    launch_branches,
+    main_flags_of,
+    main_process_test,
+    not_main_process_test,
+    propagate,
+    rank_source,
 )
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
+from accelify.queries.blocks import inside
+from accelify.queries.names import code_of, has_qname, qualified_names
+from accelify.queries.refs import Ref, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 INIT = both("init_process_group")
 
@@ -555,8 +568,9 @@ def reductions(facts: Facts, plan: Plan) -> bool:
     False (ACC126).  Any other all-reduce (a training loss averaged for the log) becomes
     ``accelerator.reduce``.
     """
-    from accelify.analysis import assigned_names, enclosing_function
-    from accelify.codemods.gather import Gather, find_gather
+    from accelify.analyses.gathers import Gather, find_gather
+    from accelify.queries.blocks import enclosing_function
+    from accelify.queries.names import assigned_names
 
     dist = plan.distributed
     if dist is None:
@@ -608,3 +622,11 @@ def reductions(facts: Facts, plan: Plan) -> bool:
                 plan.distributed = None
                 return False
     return True
+
+DATA_PARALLEL = frozenset(
+    {
+        "torch.nn.DataParallel",
+        "torch.nn.parallel.DataParallel",
+        "torch.nn.parallel.data_parallel.DataParallel",
+    }
+) | DDP  # a script that wraps its model in DDP itself (ACC018 removes the rest of its plumbing)

@@ -28,15 +28,14 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.facts import Facts, chain_root, param_names
 from accelify.analyses.objects import Optimizers, _helper_loader
-from accelify.accumulation import code_of
-from accelify.analysis import (
-    DATALOADERS, Ref, assigned_names, assigned_values, binds, has_qname, iter_statements, key_at, peel_iterable, qualified_names,
-    ref_of, simple_assign,
-)
-from accelify.walk import findall
+from accelify.queries.blocks import binds, iter_statements, simple_assign
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import DATALOADERS, assigned_names, code_of, has_qname, qualified_names
+from accelify.queries.refs import Ref, assigned_values, key_at, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 #: methods only a module (the model) is given in a script: the evidence that a called name is a model
 MODULE_METHODS = frozenset({"eval", "to", "cuda", "load_state_dict", "half", "bfloat16", "requires_grad_"})
@@ -325,7 +324,7 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
     each process would keep its own shard only, and what is written or printed after the loop
     would be the main process's shard, not the whole set.  Metrics ACC011 gathers (``+=``,
     ``append``, ``add_batch``) are not such results."""
-    from accelify.codemods.main_process_files import WRITERS
+    from accelify.queries.names import WRITERS
 
     # assignments inside some loop: per-batch values, not results that outlive the loop
     in_loops = {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
@@ -387,7 +386,7 @@ def _printed_per_batch(facts: Facts, plan: Plan, loop: cst.For) -> Optional[str]
     its own shard, and only the main process's lines would show.  A print of the batch index or of
     sizes (``len(x)``, ``x.shape``) is progress, not results; one after ACC011's gather prints the
     gathered batch."""
-    from accelify.codemods.gather import Gather, find_gather
+    from accelify.analyses.gathers import Gather, find_gather
 
     index = None
     if isinstance(loop.iter, cst.Call) and m.matches(loop.iter.func, m.Name("enumerate")) and isinstance(

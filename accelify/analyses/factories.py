@@ -35,8 +35,10 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import Optimizers, _model_ref
-from accelify.analysis import DATALOADERS, BACKWARD, has_qname, ref_of
-from accelify.walk import findall
+from accelify.queries.names import DATALOADERS, has_qname
+from accelify.queries.refs import ref_of
+from accelify.queries.training import BACKWARD
+from accelify.queries.walk import findall
 
 
 def redirect(facts: Facts, optimizers: Optimizers) -> Optimizers:

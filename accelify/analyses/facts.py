@@ -7,7 +7,7 @@ classes, the ``.step()`` and ``.backward()`` calls among all the calls, the loop
 (or as a plain LibCST visitor), then hands it to the analyses, which ask it the questions
 several of them share: positions, the single target of an assignment, the values a name is
 bound to, the call sites of a helper.  It is also the ``visitor`` they hand to the metadata
-helpers of :mod:`accelify.analysis` (``ref_of(facts, node)``).
+helpers of :mod:`accelify.queries` (``ref_of(facts, node)``).
 
 Input: the module and its metadata.  Output: the collected facts; :meth:`Facts.finding` puts a
 finding, at a node's position, in a plan.
@@ -21,10 +21,12 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.analysis import RawFinding, Ref, assigned_values, direct_calls, key_at, ref_of, trainer_functions
+from accelify.queries.records import RawFinding
+from accelify.queries.refs import Ref, assigned_values, key_at, ref_of
+from accelify.queries.training import direct_calls, trainer_functions
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 #: the kinds of object whose refs flow from the setup scope into helpers (``Plan.flow``)
 KINDS = ("loader", "model", "device")

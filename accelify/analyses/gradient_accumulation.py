@@ -1,6 +1,6 @@
 """Gradient accumulation: a hand-written one becomes ``Accelerator(gradient_accumulation_steps=N)``.
 
-:mod:`accelify.accumulation` tells whether a loop over a prepared dataloader accumulates by hand
+:mod:`accelify.analyses.manual_accumulation` tells whether a loop over a prepared dataloader accumulates by hand
 exactly as ``accelerator.accumulate`` would (``match``); this analysis adds what the rest of the
 file must allow: one such loop, a plain optimizer (no ACC118 wrapper) and schedulers that do not
 read ``_step_count``, one backward, the Accelerator in reach, and an N it can read where it is
@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from accelify.accumulation import looks_manual, match
 from accelify.analyses.accelerator import Arguments
 from accelify.analyses.facts import Facts
+from accelify.analyses.manual_accumulation import looks_manual, match
 from accelify.analyses.objects import SCHEDULER_FACTORY, TORCH_SCHEDULER_PREFIX
-from accelify.analysis import key_at, peel_iterable, qualified_names, ref_of
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import qualified_names
+from accelify.queries.refs import key_at, ref_of
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 
 def decide(facts: Facts, plan: Plan, wrapped: bool, scheduler_calls: list[cst.Call], arguments: Arguments) -> None:

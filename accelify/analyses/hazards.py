@@ -3,7 +3,7 @@
 Some refuse the file: a backward with no optimizer accelify recognises (ACC125), a backward that cannot reach the Accelerator (ACC106), an
 attribute of the model read on the DistributedDataParallel wrapper ``prepare`` returns (ACC120).
 Others are reported for a human and the file is still converted: a collective under a main-process check (ACC116), leaving the training loop on a value
-each process computes from its own shard (ACC119, :mod:`accelify.early_stop`).
+each process computes from its own shard (ACC119, :mod:`accelify.analyses.early_stop`).
 
 Input: the facts (backwards, calls, loops and exits) and the whole plan so far (the Accelerator's
 spelling and reach, the prepared objects).  Output: those findings; no plan field.
@@ -17,32 +17,17 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import (
-    ACCELERATOR_SPELLINGS, enclosing_function, key_at, qualified_names, scope_key,
-    under_main_process_check,
-)
-from accelify.walk import findall
+from accelify.analyses.ranks import under_main_process_check
+from accelify.queries.blocks import enclosing_function
+from accelify.queries.names import code_of, qualified_names
+from accelify.queries.refs import ACCELERATOR_SPELLINGS, key_at, scope_key
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
-
-# What the DistributedDataParallel wrapper answers like the model: the nn.Module API. `module` is
-# the wrapper's own (ACC006 rewrites it).
-MODULE_API = frozenset({
-    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "eval",
-    "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
-    "load_state_dict", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",
-    "parameters", "register_backward_hook", "register_buffer", "register_forward_hook",
-    "register_forward_pre_hook", "register_full_backward_hook", "register_full_backward_pre_hook",
-    "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook", "register_module",
-    "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook", "requires_grad_",
-    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
-    "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
-})
 
 def untrained_backward(facts: Facts, plan: Plan) -> None:
     """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
@@ -104,7 +89,7 @@ def _backward_out_of_reach(facts: Facts, plan: Plan) -> Optional[cst.Call]:
 def multi_process(facts: Facts, plan: Plan) -> bool:
     """Constructs that are fine in one process and wrong in several (ACC116, ACC119; ACC120 and
     ACC114 for an evaluation on the main process only refuse the file: False)."""
-    from accelify.early_stop import EarlyStops
+    from accelify.analyses.early_stop import EarlyStops
 
     plan.findings.extend(
         EarlyStops(facts, plan, facts.module, [*facts.loops, *facts.whiles], facts.exits).findings()
@@ -131,7 +116,7 @@ def _evaluated_by_one_process(facts: Facts, plan: Plan) -> bool:
     """ACC114: an evaluation loop ACC011 would gather, run on the main process only (``if rank == 0:``
     around it, or around every call of the function it is in). The gather is a collective: the
     main process would wait in it for processes that never come. True when one is found."""
-    from accelify.codemods.gather import Gather, find_gather
+    from accelify.analyses.gathers import Gather, find_gather
 
     for loop in facts.loops:
         if not isinstance(find_gather(facts, loop, plan), Gather):
@@ -161,7 +146,7 @@ def _wrapped_model_attributes(facts: Facts, plan: Plan) -> bool:
     wrapper).  Code in the setup scope before the ``prepare`` point still holds
     the plain model and is not reported. True when one is found: the file is not converted.
     """
-    from accelify.codemods.unwrap import model_attribute, plain_model_statements, why_not_unwrapped
+    from accelify.analyses.unwrapping import model_attribute, plain_model_statements, why_not_unwrapped
 
     if plan.has_prepare:
         return False

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import KINDS, Facts, chain_root, param_names
-from accelify.analysis import MODULE, TORCH_SAVE, has_qname, key_at, receiver_refs, ref_of
-from accelify.walk import findall
+from accelify.queries.names import TORCH_SAVE, code_of, has_qname
+from accelify.queries.refs import MODULE, key_at, receiver_refs, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 
 def flows(facts: Facts, plan: Plan) -> None:
@@ -96,7 +96,7 @@ def _attribute_flows(facts: Facts, plan: Plan) -> bool:
 
 def _unwrapped(facts: Facts, value: cst.BaseExpression) -> cst.BaseExpression:
     """``model.to(gpu_id)``, ``DDP(model, device_ids=[gpu_id])`` -> ``model``."""
-    from accelify.codemods.data_parallel import DATA_PARALLEL
+    from accelify.analyses.distributed import DATA_PARALLEL
 
     value = chain_root(value)
     while isinstance(value, cst.Call) and value.args and has_qname(facts, value.func, DATA_PARALLEL):
@@ -107,7 +107,7 @@ def _unwrapped(facts: Facts, value: cst.BaseExpression) -> cst.BaseExpression:
 def needs_accelerator(facts: Facts, plan: Plan) -> None:
     """Helpers outside the setup scope that call ``.backward()`` or gather metrics get the
     accelerator through their device parameter."""
-    from accelify.codemods.gather import Gather, find_gather
+    from accelify.analyses.gathers import Gather, find_gather
 
     gathering = [loop for loop in facts.loops if isinstance(find_gather(facts, loop, plan), Gather)]
     # torch.save(model.state_dict(), ...) in a helper: saved once and unwrapped through the accelerator

@@ -20,14 +20,14 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.accelerator import Arguments
 from accelify.analyses.facts import Facts
-from accelify.analysis import Ref, has_qname, key_at, qualified_names, ref_of, string_value
-from accelify.walk import findall
+from accelify.queries.names import code_of, has_qname, qualified_names, string_value
+from accelify.queries.refs import Ref, key_at, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 GRAD_SCALERS = frozenset(
     {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",

@@ -21,15 +21,13 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import (
-    DATALOADERS, MODULE, Ref, assigned_values, has_qname, key_at, qualified_names, ref_of, root_name,
-)
-from accelify.walk import findall
+from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
+from accelify.queries.refs import MODULE, Ref, assigned_values, key_at, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
 _OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)

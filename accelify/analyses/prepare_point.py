@@ -20,14 +20,16 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import Optimizers
-from accelify.analysis import BACKWARD, MODULE, binds, bound_again, key_at, locate_setup, ref_of, scope_root, trains
-from accelify.walk import findall
+from accelify.queries.blocks import binds, scope_root
+from accelify.queries.names import code_of
+from accelify.queries.refs import MODULE, key_at, ref_of
+from accelify.queries.training import BACKWARD, bound_again, locate_setup, trains
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 
 def setup_scope(facts: Facts, plan: Plan, optimizers: Optimizers, first: cst.Assign) -> bool:

@@ -20,15 +20,15 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
-from accelify.analysis import Ref, has_qname, ref_of, string_value
-from accelify.walk import findall
+from accelify.queries.names import code_of, has_qname, string_value
+from accelify.queries.refs import Ref, ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
     from accelify.analyses.distributed import Distributed
-    from accelify.plan import Plan
-
+    from accelify.analyses.plan import Plan
+from libcst.metadata import ScopeProvider
 
 _C10D = "torch.distributed.distributed_c10d."
 
@@ -375,3 +375,67 @@ def launched_test(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.B
         return default == "-1" and ((isinstance(operator, cst.NotEqual) and bound == "-1")
                                     or (isinstance(operator, cst.GreaterThanEqual) and bound == "0"))
     return False
+
+
+def under_main_process_check(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
+    """Inside ``if accelerator.is_main_process:`` (or ``is_local_main_process``), or, in a script
+    that managed its own processes, ``if rank == 0:`` (which becomes one)?"""
+    from libcst.metadata import ParentNodeProvider
+
+    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None:
+        if isinstance(parent, cst.If) and (findall(
+            parent.test, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
+        ) or _rank_zero_test(visitor, parent.test)):
+            return True
+        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return False
+
+
+def _rank_zero_test(visitor: cst.MetadataDependent, test: cst.BaseExpression) -> bool:
+    """``rank == 0`` (a rank of ``plan.distributed``) or a main-process flag, alone or as a term of an ``and``."""
+    while isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        if _rank_zero_test(visitor, test.right):
+            return True
+        test = test.left
+    if isinstance(test, cst.Name) and _converted_main_flag(visitor, test):
+        return True
+    plan = getattr(visitor, "plan", None)
+    if plan is None or getattr(plan, "distributed", None) is None:
+        return False
+    from accelify.analyses.ranks import main_process_test
+
+    return main_process_test(visitor, test, plan) is not None
+
+
+def _converted_main_flag(visitor: cst.MetadataDependent, name: cst.Name) -> bool:
+    """``master_process`` of converted code: ``= accelerator.is_main_process`` under ``if
+    accelerator.use_distributed:`` and ``= True`` in its ``else:`` (what ACC018 makes of nanoGPT's flag)."""
+    from libcst.metadata import ParentNodeProvider
+
+    scope = visitor.get_metadata(ScopeProvider, name, None)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if len(assignments) < 2:
+        return False
+    for assignment in assignments:
+        node = getattr(assignment, "node", None)
+        target = visitor.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+        assign = visitor.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+        if not isinstance(assign, cst.Assign):
+            return False
+        main = m.matches(assign.value, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process")))
+        if not main and not m.matches(assign.value, m.Name("True")):
+            return False
+        branch: Optional[cst.CSTNode] = assign
+        while branch is not None and not isinstance(branch, (cst.If, cst.Else, cst.FunctionDef, cst.Module)):
+            branch = visitor.get_metadata(ParentNodeProvider, branch, None)
+        if isinstance(branch, cst.Else):
+            branch_if = visitor.get_metadata(ParentNodeProvider, branch, None)
+            in_else = True
+        else:
+            branch_if, in_else = branch, False
+        if not (isinstance(branch_if, cst.If) and m.matches(branch_if.test, m.Attribute(attr=m.Name("use_distributed")))):
+            return False
+        if main == in_else:
+            return False
+    return True

@@ -13,15 +13,15 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.accumulation import code_of
 from accelify.analyses.facts import Facts
 from accelify.analyses.ranks import Why, rank_attribute
-from accelify.analysis import DATALOADERS, has_qname, ref_of
-from accelify.walk import findall
+from accelify.queries.names import DATALOADERS, code_of, has_qname
+from accelify.queries.refs import ref_of
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
     from accelify.analyses.distributed import Distributed
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 
 SAMPLERS = frozenset(

@@ -22,14 +22,15 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import is_scheduler
-from accelify.analysis import (
-    Ref, assigned_names, enclosing_loop_over, enumerate_counter, locate_setup, read_names, ref_of, scope_root,
-    simple_assign, trains,
-)
-from accelify.walk import findall
+from accelify.queries.blocks import scope_root, simple_assign
+from accelify.queries.loops import enclosing_loop_over, enumerate_counter
+from accelify.queries.names import assigned_names, read_names
+from accelify.queries.refs import Ref, ref_of
+from accelify.queries.training import locate_setup, trains
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 
 def decide(

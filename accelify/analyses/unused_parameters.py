@@ -22,11 +22,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.analyses.facts import Facts
-from accelify.analysis import has_qname
-from accelify.walk import findall
+from accelify.queries.names import has_qname
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
-    from accelify.plan import Plan
+    from accelify.analyses.plan import Plan
 
 _NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 FIND_UNUSED = "find_unused_parameters=True"

@@ -30,11 +30,12 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ScopeProvider
 
-from accelify.analysis import code_of, peel_iterable, qualified_names, ref_of
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import code_of, qualified_names
+from accelify.queries.refs import ref_of
+from accelify.queries.walk import findall
 
 
 @dataclass

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from accelify import __version__
-from accelify.io import iter_python_files, write_atomic
+from accelify.app.files import iter_python_files, write_atomic
 
 if TYPE_CHECKING:
-    from accelify.report import Change, Finding
-    from accelify.runner import Outcome
+    from accelify.app.runner import Outcome
+    from accelify.queries.records import Change, Finding
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 123
 
@@ -85,8 +85,8 @@ def convert(
     ),
 ) -> None:
     """Convert training scripts; by default print a unified diff and write nothing."""
-    from accelify.result import TARGETS, Options
-    from accelify.runner import convert_all
+    from accelify.app.runner import convert_all
+    from accelify.core.result import TARGETS, Options
 
     if in_place and output is not None:
         _usage("--in-place and --output cannot be used together.")
@@ -135,11 +135,11 @@ def convert(
     status = EXIT_ERROR if run.errors else EXIT_WOULD_CHANGE if check and run.changed else EXIT_OK
     summary = _summary(run.changed, run.errors, run.findings, len(files), in_place=in_place)
     if output_format == "json":
-        from accelify.report import report_json
+        from accelify.output.report import report_json
 
         report_json(run.records, run.diffs, summary, sys.stdout)
     elif output_format == "github":
-        from accelify.report import report_github
+        from accelify.output.report import report_github
 
         report_github(run.records, sys.stdout)
     if not quiet:
@@ -191,7 +191,7 @@ class _Run:
         error = result.error
         changed = result.changed
         if changed and (self.show_diff or self.output_format == "json"):
-            from accelify.diff import notebook_diff, print_diff, unified_diff
+            from accelify.output.diff import notebook_diff, print_diff, unified_diff
 
             if result.cells is not None:
                 diff = notebook_diff(result.cells, result.path)
@@ -261,7 +261,7 @@ def _selection(select: List[str], ignore: List[str]) -> tuple[Optional[frozenset
     if not select and not ignore:
         return None, None  # (the codemods, and LibCST with them, are not even imported)
     from accelify.codemods import by_code
-    from accelify.findings import FINDINGS
+    from accelify.output.findings import FINDINGS
 
     codemods = by_code()
     everything = set(codemods) | set(FINDINGS)
@@ -302,8 +302,7 @@ def _summary(changed: int, errors: int, findings: int, total: int, *, in_place: 
 def rules(code: Optional[str] = typer.Argument(None, help="A code such as ACC004: show its before/after.")) -> None:
     """List the codemods with their codes, or show one with its before/after example."""
     from accelify.codemods import by_code
-
-    from accelify.findings import FINDINGS
+    from accelify.output.findings import FINDINGS
 
     table = by_code()
     if code is None:
@@ -333,7 +332,8 @@ def verify(
     output_format: str = typer.Option("text", "--format", help="text (a table and a verdict) or json."),
 ) -> None:
     """Run a script and its conversion on the CPU and compare the losses they pass to backward."""
-    from accelify.verify import VerifyError, verify as run_verify
+    from accelify.app.verify import VerifyError
+    from accelify.app.verify import verify as run_verify
 
     if output_format not in ("text", "json"):
         _usage(f"--format must be text or json, not {output_format!r}.")

@@ -15,19 +15,20 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.helpers import get_full_name_for_node
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.helpers import get_full_name_for_node
 
-from accelify.analysis import RawFinding
-from accelify import walk
-from accelify.composite import Composite, Shared, plan_names, resolve
-from accelify.names import read_anywhere, undefined_names
-from accelify.plan import analyze
+from accelify.analyses.plan import analyze
 from accelify.codemods import gather_codemods
-from accelify.precheck import cpython_error, may_train, skipped, syntax_error
-from accelify.report import Finding
-from accelify.result import TARGETS, Options, Result, brief
+from accelify.codemods.base import Shared
+from accelify.core.composite import Composite, plan_names
+from accelify.core.metadata import resolve
+from accelify.core.precheck import cpython_error, may_train, skipped, syntax_error
+from accelify.core.result import TARGETS, Options, Result, brief
+from accelify.core.symbols import read_anywhere, undefined_names
+from accelify.queries import walk
+from accelify.queries.records import Finding, RawFinding
 
 
 def _gather_once_per_class() -> None:

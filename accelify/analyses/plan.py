@@ -20,19 +20,31 @@ from typing import Optional
 
 from libcst.metadata import MetadataWrapper
 
-from accelify import walk
 from accelify.analyses import (
-    accelerator, data, devices, distributed, evaluation, factories, gradient_accumulation, hazards, helpers, mixed_precision, objects,
-    prepare_point, samplers, schedulers, unused_parameters,
+    accelerator,
+    data,
+    devices,
+    distributed,
+    evaluation,
+    factories,
+    gradient_accumulation,
+    hazards,
+    helpers,
+    mixed_precision,
+    objects,
+    prepare_point,
+    samplers,
+    schedulers,
+    unused_parameters,
 )
-from accelify.analyses.facts import KINDS, Facts
-from accelify.analysis import MODULE, RawFinding, Ref
 
 # Names other modules import from here (the analyses lived in this module before they were split).
-from accelify.analyses.facts import bind_arguments, param_names  # noqa: F401 (codemods)
-from accelify.analyses.hazards import MODULE_API  # noqa: F401 (codemods/unwrap.py)
+from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods)
 from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
+from accelify.queries import walk
+from accelify.queries.records import RawFinding
+from accelify.queries.refs import MODULE, Ref
 
 
 @dataclass
@@ -153,7 +165,7 @@ class Plan:
 
     def touches(self) -> frozenset[str]:
         """An evaluation's models: ``prepare`` goes after the lines that load or move them
-        (``accelify.analysis.locate_setup``)."""
+        (``accelify.queries.training.locate_setup``)."""
         return frozenset(self.models) if self.evaluation else frozenset()
 
     def ref(self, name: str) -> Ref:

@@ -539,7 +539,7 @@ def _name_converted_copy(run: Run, copy: str, shown: str) -> None:
 
 def convert_for_verify(path: str, text: str) -> tuple[str, list[str], bool]:
     """(converted text, findings rendered, whether accelify changes the file)."""
-    from accelify.pipeline import convert_source
+    from accelify.core.pipeline import convert_source
 
     result = convert_source(text, path)
     if result.error is not None:
@@ -562,7 +562,7 @@ def verify(
     start: Starter = start_process,
 ) -> Verification:
     """Convert ``path``, run the original and the converted copy, compare (see the module doc)."""
-    from accelify.io import SourceError, read_source
+    from accelify.app.files import SourceError, read_source
 
     args = list(args or [])
     cwd = cwd or os.getcwd()

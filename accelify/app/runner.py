@@ -1,8 +1,8 @@
 """Converting a list of files, in this process or in a pool of worker processes.
 
 Nothing here imports LibCST, typer or rich: a file that cannot train is read,
-checked with :mod:`accelify.precheck` and done (LibCST only confirms a syntax error
-CPython reports); :mod:`accelify.pipeline`, and with it LibCST, is imported only by
+checked with :mod:`accelify.core.precheck` and done (LibCST only confirms a syntax error
+CPython reports); :mod:`accelify.core.pipeline`, and with it LibCST, is imported only by
 the process that meets a file needing the analysis.
 
 Results come back in the order of the input list whatever the scheduling, and at
@@ -17,9 +17,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from accelify import precheck
-from accelify.io import SourceError, decode, read_source
-from accelify.result import Options, Result, brief
+from accelify.app.files import SourceError, decode, read_source
+from accelify.core import precheck
+from accelify.core.result import Options, Result, brief
 
 #: Files submitted to the pool ahead of the one being printed, per worker.
 LOOK_AHEAD = 16
@@ -37,14 +37,14 @@ def convert_text(text: str, path: str, options: Options) -> Result:
     """The conversion of one file's text; LibCST is imported only if the file may train.
 
     A notebook (a ``.ipynb`` path) has its code cells converted as one program
-    (:mod:`accelify.notebook`)."""
+    (:mod:`accelify.notebooks.convert`)."""
     if path.endswith(".ipynb"):
         return convert_notebook(text, path, options)
     return convert_python(text, path, options)
 
 
 def convert_notebook(text: str, path: str, options: Options) -> Result:
-    from accelify import notebook
+    from accelify.notebooks import convert as notebook
 
     return notebook.convert(text, path, options, convert_python)
 
@@ -53,7 +53,7 @@ def convert_python(text: str, path: str, options: Options) -> Result:
     """The conversion of a Python file's text (or of a notebook's code cells as one program)."""
     if not precheck.needs_analysis(text):
         return Result(path, text, text, error=precheck.syntax_error(text, path))
-    from accelify.pipeline import convert_source
+    from accelify.core.pipeline import convert_source
 
     return convert_source(text, path, options)
 
@@ -65,7 +65,7 @@ def convert_path(path: str, options: Options) -> Outcome:
     except SourceError as exc:
         return Outcome(Result("<stdin>" if path == "-" else path, "", "", error=str(exc)))
     if path == "-":  # a notebook's JSON on standard input is converted as a notebook
-        from accelify.notebook import looks_like_notebook
+        from accelify.notebooks.convert import looks_like_notebook
 
         if looks_like_notebook(source.text):
             return Outcome(convert_notebook(source.text, source.path, options), source.encoding)

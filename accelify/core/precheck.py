@@ -35,10 +35,10 @@ _answer = False
 
 def may_train(source: str) -> bool:
     """Necessary condition for the analysis to do anything: False only when
-    :func:`accelify.pipeline.convert_source` would surely leave ``source`` unchanged, with no
+    :func:`accelify.core.pipeline.convert_source` would surely leave ``source`` unchanged, with no
     finding and no error (a false "no" would silently skip a training script).
 
-    The analysis (``accelify.plan``) acts only on a file that assigns an optimizer
+    The analysis (``accelify.analyses.plan``) acts only on a file that assigns an optimizer
     (``optimizer = <call>``, or ``<call> if flag else <call>``): a call whose callee is
     ``torch.optim.*`` (schedulers aside), or is named like one (``_OPTIMIZER_NAME``) and
     trains some ``.parameters()``/``.named_parameters()`` (in an argument, or assigned to a

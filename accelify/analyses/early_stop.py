@@ -21,11 +21,13 @@ from typing import Iterator, Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-
-from accelify.walk import findall
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
-from accelify.analysis import MODULE, RawFinding, assigned_names, key_at, peel_iterable, qualified_names, ref_of
+from accelify.queries.loops import peel_iterable
+from accelify.queries.names import assigned_names, qualified_names
+from accelify.queries.records import RawFinding
+from accelify.queries.refs import MODULE, key_at, ref_of
+from accelify.queries.walk import findall
 
 _GATHERS = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes", "check_trigger"})
 Loop = Union[cst.For, cst.While]

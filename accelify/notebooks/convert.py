@@ -1,7 +1,7 @@
 """Jupyter notebooks (``.ipynb``): the code cells converted as one program, every cell kept a cell.
 
 Nothing here imports LibCST or torch: the program is handed to the same conversion as a
-``.py`` file (``convert``, :func:`accelify.runner.convert_python`).
+``.py`` file (``convert``, :func:`accelify.app.runner.convert_python`).
 
 1. **Read**: the JSON is parsed for its content, and scanned once more for where each cell's
    ``source`` value lies in the text. Writing back replaces the ``source`` values of the
@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from accelify import precheck
-from accelify.report import Finding
-from accelify.result import Options, Result
+from accelify.core import precheck
+from accelify.core.result import Options, Result
+from accelify.queries.records import Finding
 
 #: The finding for a cell the conversion cannot see (it does not parse, is another language, or
 #: runs code through a magic).
@@ -426,7 +426,7 @@ def convert(text: str, path: str, options: Options, convert_python: Callable[[st
     try:
         return _convert(text, path, options, convert_python)
     except Exception as exc:  # a bug of ours must never cost the user a file
-        from accelify.result import brief
+        from accelify.core.result import brief
 
         return Result(path, text, text, error=f"{path}: internal error, notebook left unchanged: {brief(exc)}")
 
@@ -546,7 +546,7 @@ def _convert(text: str, path: str, options: Options, convert_python: Callable[[s
 def _launch(chunks: list[str], parts: list[_Part], processes: int) -> tuple[list[str], str]:
     """``--notebook-launcher``: the chunks with the training code wrapped (unchanged if that cannot be done),
     and the note saying what was done."""
-    from accelify.notebook_launcher import wrap
+    from accelify.notebooks.launcher import wrap
 
     magic_line = {}
     for i, (part, chunk) in enumerate(zip(parts, chunks)):

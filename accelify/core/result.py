@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from accelify.report import Change, Finding
+from accelify.queries.records import Change, Finding
 
 
 @dataclass(frozen=True)

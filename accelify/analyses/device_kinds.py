@@ -1,0 +1,104 @@
+"""What kind of device an expression picks (automatic, CPU, per process, other): the device
+facts the placement codemods and the device analysis share; per-process devices need the
+plan's distributed facts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import libcst as cst
+
+from accelify.queries.devices import AUTO_DEVICE_STRINGS, CPU_STRINGS, CURRENT_ACCELERATOR, TORCH_DEVICE
+from accelify.queries.names import has_qname, string_value
+
+# --------------------------------------------------------------------------
+# devices
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """What a device expression means for a migration.
+
+    ``auto``: the accelerator if there is one, else the CPU: exactly what
+    ``Accelerator()`` picks.  ``cpu``: the CPU only.  ``other``: anything else
+    (a flag, a rank, an index): accelify leaves it to a human.
+    """
+
+    kind: str  # "auto" | "cpu" | "other"
+    detail: str = ""
+
+
+def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Optional[DeviceKind]:
+    """Classify an expression that *looks like* a device; ``None`` if it does not."""
+    if per_process_device(visitor, expr):
+        return DeviceKind("auto")
+    text = string_value(expr)
+    if text is not None:
+        if text in AUTO_DEVICE_STRINGS:
+            return DeviceKind("auto")
+        if text in CPU_STRINGS:
+            return DeviceKind("cpu")
+        if re.fullmatch(r"(cuda|xpu|npu|mps)(:\d+)?", text):
+            return DeviceKind("other", f"fixed device {text!r}")
+        return None
+    if isinstance(expr, cst.Call):
+        if has_qname(visitor, expr.func, TORCH_DEVICE):
+            if not expr.args:
+                return None
+            first = expr.args[0]
+            if first.keyword is not None and first.keyword.value != "type":
+                return None
+            inner = classify_device(visitor, first.value)
+            if len(expr.args) > 1:
+                index = expr.args[1].value
+                if isinstance(index, cst.Integer) and index.value == "0" and inner and inner.kind == "auto":
+                    return inner
+                return DeviceKind("other", "device with an explicit index")
+            if inner is None:
+                return DeviceKind("other", "device built from a runtime value")
+            return inner
+        if has_qname(visitor, expr.func, CURRENT_ACCELERATOR):
+            return DeviceKind("auto")
+        return None
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "type" and isinstance(expr.value, cst.Call):
+        if has_qname(visitor, expr.value.func, CURRENT_ACCELERATOR):
+            return DeviceKind("auto")
+        return None
+    if isinstance(expr, cst.IfExp):
+        body = classify_device(visitor, expr.body)
+        orelse = classify_device(visitor, expr.orelse)
+        if body is None and orelse is None:
+            return None
+        if body is None or orelse is None:
+            return DeviceKind("other", "conditional device")
+        if body.kind == "auto" and orelse.kind in ("auto", "cpu"):
+            # An availability check, or a flag (`use_cuda`), that becomes `Accelerator(cpu=not flag)`.
+            return DeviceKind("auto")
+        return DeviceKind("other", "device chosen by a condition accelify cannot map")
+    return None
+
+
+def per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
+    """``f"cuda:{local_rank}"``, ``torch.device("cuda", local_rank)``, ``torch.device(f"cuda:{rank}")``
+    in a script that managed its own processes: each process's own accelerator, ``accelerator.device``."""
+    plan = getattr(visitor, "plan", None)
+    if plan is None or getattr(plan, "distributed", None) is None:
+        return False
+    from accelify.analyses.ranks import MAIN_TESTS, rank_attribute
+
+    def rank(e: cst.BaseExpression) -> bool:
+        return rank_attribute(visitor, e, plan) in MAIN_TESTS
+
+    if isinstance(expr, cst.FormattedString) and len(expr.parts) == 2:
+        text, value = expr.parts
+        return (isinstance(text, cst.FormattedStringText) and text.value in ("cuda:", "xpu:", "npu:")
+                and isinstance(value, cst.FormattedStringExpression) and value.format_spec is None
+                and rank(value.expression))
+    if isinstance(expr, cst.Call) and has_qname(visitor, expr.func, TORCH_DEVICE) and expr.args:
+        if len(expr.args) == 1:
+            return per_process_device(visitor, expr.args[0].value)
+        if len(expr.args) == 2 and string_value(expr.args[0].value) in ("cuda", "xpu", "npu"):
+            return rank(expr.args[1].value)
+    return False

@@ -1,0 +1,118 @@
+"""Statements and blocks: walking a scope's statements, the blocks under a statement, what a
+statement binds, the function or scope around a node."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence, Union
+
+import libcst as cst
+
+from accelify.queries.names import assigned_names, code_of, root_name
+from accelify.queries.refs import MODULE
+
+Body = Union[cst.Module, cst.IndentedBlock]
+
+
+# --------------------------------------------------------------------------
+# statements and blocks
+
+
+def iter_statements(
+    body: Body, chain: tuple[Body, ...] = ()
+) -> Iterator[tuple[cst.BaseStatement, tuple[Body, ...]]]:
+    """Yield every statement in module scope with the blocks that contain it.
+
+    Function and class bodies are not entered: they are other scopes.
+    """
+    chain = chain + (body,)
+    for stmt in body.body:
+        yield stmt, chain
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        for block in child_blocks(stmt):
+            yield from iter_statements(block, chain)
+
+
+def child_blocks(stmt: cst.BaseStatement) -> list[cst.IndentedBlock]:
+    blocks: list[cst.IndentedBlock] = []
+    if isinstance(stmt, cst.BaseCompoundStatement) and isinstance(stmt.body, cst.IndentedBlock):
+        blocks.append(stmt.body)
+    orelse = getattr(stmt, "orelse", None)
+    while orelse is not None:
+        if isinstance(orelse.body, cst.IndentedBlock):
+            blocks.append(orelse.body)
+        orelse = getattr(orelse, "orelse", None) if isinstance(orelse, cst.If) else None
+    for handler in getattr(stmt, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            blocks.append(handler.body)
+    final = getattr(stmt, "finalbody", None)
+    if final is not None and isinstance(final.body, cst.IndentedBlock):
+        blocks.append(final.body)
+    return blocks
+
+
+def simple_assign(stmt: cst.BaseStatement) -> Optional[cst.Assign]:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
+        return stmt.body[0]
+    return None
+
+
+def binds(stmt: cst.BaseStatement, names: set[str], reads: Optional[set[str]] = None) -> bool:
+    """Does ``stmt`` (or a statement nested in it, same scope) assign one of ``names``, or an
+    attribute of one (``args.cuda = ...`` changes what ``args.cuda`` reads after it)?
+
+    With ``reads`` (the names and attribute chains some code reads, ``{"args.cuda"}``), an
+    attribute assigned counts only when it is one of them, a part of one or inside one:
+    ``args.start_epoch = 3`` leaves ``args.cuda`` alone."""
+    for inner, _ in iter_statements(cst.IndentedBlock(body=[stmt])):
+        assign = simple_assign(inner)
+        if assign is None:
+            continue
+        for target in assign.targets:
+            if set(assigned_names(target.target)) & names:
+                return True
+            root = root_name(target.target) if isinstance(target.target, cst.Attribute) else None
+            if root is None or root.value not in names:
+                continue
+            if reads is None:
+                return True
+            chain = code_of(target.target)
+            if any(r == chain or r.startswith(chain + ".") or chain.startswith(r + ".") for r in reads):
+                return True
+    return False
+
+
+def enclosing_function(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
+    """The innermost function definition around ``node``, if any."""
+    from libcst.metadata import ParentNodeProvider
+
+    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, cst.FunctionDef):
+        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return parent
+
+
+def inside(visitor: cst.MetadataDependent, node: cst.CSTNode, ids: Union[set[int], frozenset[int]]) -> bool:
+    """Is ``node``, or a node around it, one of ``ids``?"""
+    from libcst.metadata import ParentNodeProvider
+
+    current: Optional[cst.CSTNode] = node
+    while current is not None:
+        if id(current) in ids:
+            return True
+        current = visitor.get_metadata(ParentNodeProvider, current, None)
+    return False
+
+
+def scope_root(module: cst.Module, key: str) -> Union[cst.Module, cst.FunctionDef, None]:
+    """The node whose body is the scope ``key``: the module, or a (possibly nested) function."""
+    if key == MODULE:
+        return module
+    body: Sequence[cst.BaseStatement] = module.body
+    found: Optional[cst.CSTNode] = None
+    for part in key.split("."):
+        found = next((s for s in body if isinstance(s, (cst.FunctionDef, cst.ClassDef)) and s.name.value == part), None)
+        if found is None:
+            return None
+        body = found.body.body if isinstance(found.body, cst.IndentedBlock) else ()
+    return found if isinstance(found, cst.FunctionDef) else None

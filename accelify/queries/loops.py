@@ -1,0 +1,66 @@
+"""Loops: the loop over a given loader around a node, its enumerate counter, and the loader
+under ``enumerate``/``tqdm`` wrappers."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ScopeProvider
+
+from accelify.queries.names import assigned_names, qualified_names
+from accelify.queries.refs import assigned_values, ref_of
+
+
+def enclosing_loop_over(visitor: cst.MetadataDependent, node: cst.CSTNode, refs) -> Optional[cst.For]:
+    """The innermost ``for`` around ``node`` whose iterable (``tqdm(enumerate(loader))`` peeled) is one
+    of ``refs`` (the prepared loaders), or None."""
+    from libcst.metadata import ParentNodeProvider
+
+    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None:
+        if isinstance(parent, cst.For) and ref_of(visitor, peel_iterable(visitor, parent.iter)) in refs:
+            return parent
+        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return None
+
+
+def enumerate_counter(loop: cst.For) -> set[str]:
+    """The batch index of ``for i, batch in enumerate(loader)`` (``tqdm(enumerate(loader))`` too): a
+    number the loop counts, not part of the batch."""
+    it: cst.BaseExpression = loop.iter
+    while isinstance(it, cst.Call) and not m.matches(it.func, m.Name("enumerate")) and it.args:
+        it = it.args[0].value  # tqdm(enumerate(loader), ...)
+    if m.matches(it, m.Call(func=m.Name("enumerate"))) and isinstance(loop.target, (cst.Tuple, cst.List)) \
+            and loop.target.elements:
+        return set(assigned_names(loop.target.elements[0].value))
+    return set()
+
+
+def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``enumerate(tqdm(loader))`` -> ``loader``; ``bar = tqdm(loader)`` ... ``enumerate(bar)`` too."""
+    for _ in range(4):  # through a few such names, never round a cycle
+        while isinstance(expr, cst.Call) and expr.args:
+            names = qualified_names(visitor, expr.func)
+            if names & {"builtins.enumerate", "enumerate", "builtins.iter", "iter"} or any(
+                n == "tqdm" or n.startswith("tqdm.") for n in names
+            ):
+                expr = expr.args[0].value
+            else:
+                break
+        if not isinstance(expr, cst.Name):
+            break
+        values = assigned_values(visitor, expr)
+        scope = visitor.get_metadata(ScopeProvider, expr, None)
+        if len(values) != 1 or scope is None or len(scope[expr.value]) != 1:
+            break
+        value = values[0]
+        wraps = isinstance(value, cst.Call) and value.args and (
+            qualified_names(visitor, value.func) & {"builtins.enumerate", "enumerate", "builtins.iter", "iter"}
+            or any(n == "tqdm" or n.startswith("tqdm.") for n in qualified_names(visitor, value.func))
+        )
+        if not wraps:
+            break
+        expr = value
+    return expr

@@ -1,0 +1,101 @@
+"""Names: qualified names (matched through ``QualifiedNameProvider``, never by spelling: ``import
+torch as T`` and ``from torch import device`` are the same thing, a local variable that merely
+shares a name is not), the qualified names accelify knows, string values and read names."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import QualifiedNameProvider
+
+from accelify.queries.walk import findall
+
+# --------------------------------------------------------------------------
+# qualified names
+
+DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
+TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
+ACCELERATOR_CLASS = frozenset(
+    {"accelerate.Accelerator", "accelerate.accelerator.Accelerator", "accelify.runtime.Accelerator"}
+)
+
+
+def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> set[str]:
+    return {q.name for q in visitor.get_metadata(QualifiedNameProvider, node, set())}
+
+
+def has_qname(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozenset[str]) -> bool:
+    return bool(qualified_names(visitor, node) & names)
+
+
+
+
+
+
+def string_value(node: cst.BaseExpression) -> Optional[str]:
+    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def root_name(node: cst.BaseExpression) -> Optional[cst.Name]:
+    """``batch["x"].y[0]`` -> ``batch``: the name an access chain starts from."""
+    while True:
+        if isinstance(node, cst.Name):
+            return node
+        if isinstance(node, cst.Attribute):
+            node = node.value
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            # batch.pop("labels"), batch.get("x"), x.float()
+            node = node.func.value
+        else:
+            return None
+
+
+def assigned_names(target: cst.BaseExpression) -> list[str]:
+    """Names (and ``self.x`` attributes, spelled so) bound by an assignment target."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if m.matches(target, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        return [f"self.{target.attr.value}"]  # type: ignore[attr-defined]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        out: list[str] = []
+        for el in target.elements:
+            out.extend(assigned_names(el.value))
+        return out
+    if isinstance(target, cst.StarredElement):
+        return assigned_names(target.value)
+    return []
+
+
+def read_names(node: cst.CSTNode) -> list[cst.Name]:
+    """The ``Name`` nodes in ``node`` that name something, not the ``.attr`` part of an attribute
+    (in ``torch.accelerator.x`` only ``torch``)."""
+    attrs = {id(a.attr) for a in findall(node, m.Attribute())}  # type: ignore[attr-defined]
+    return [n for n in findall(node, m.Name()) if id(n) not in attrs]  # type: ignore[misc]
+
+
+_EMPTY = cst.Module(body=[])
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source of ``node`` as written (its own whitespace and comments)."""
+    return _EMPTY.code_for_node(node)
+
+# Calls that write a file whose name does not depend on the process: N processes would write it N
+# times at once (a torn or interleaved file), each from its own shard.
+WRITERS = TORCH_SAVE | frozenset({  # torch.save: what ACC009 does not save with `accelerator.save`
+    "torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save", "numpy.savetxt", "numpy.savez",
+    "numpy.savez_compressed",
+    # copies and moves of a file (`shutil.copyfile(last, best)` after a save): once, or N processes
+    # race on the same target (and the others may copy before the main process has written)
+    "shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move",
+})
+
+

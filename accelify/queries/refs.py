@@ -1,0 +1,93 @@
+"""References: a training object is known by ``(scope key, name)``; what a name or attribute
+refers to, and the values assigned to it."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import BuiltinScope, ClassScope, FunctionScope, GlobalScope, ScopeProvider
+
+# --------------------------------------------------------------------------
+# references: a training object is known by (scope key, name)
+
+MODULE = "<module>"
+#: how converted code (and hand-written Accelerate code) spells the Accelerator
+ACCELERATOR_SPELLINGS = ("accelerator", "self.accelerator")
+Ref = tuple[str, str]
+
+
+def scope_key(scope: object) -> str:
+    """``"<module>"``, ``"main"``, ``"Trainer.fit"``: stable across passes, unlike scope objects."""
+    names: list[str] = []
+    while scope is not None and not isinstance(scope, GlobalScope):
+        if isinstance(scope, BuiltinScope):
+            return "<builtins>"
+        if isinstance(scope, (FunctionScope, ClassScope)):
+            names.append(scope.name or "?")
+        parent = getattr(scope, "parent", None)
+        scope = None if parent is scope else parent
+    return ".".join(reversed(names)) or MODULE
+
+
+def key_at(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Optional[str]:
+    """The key of the function (or module) whose code ``node`` is."""
+    scope = visitor.get_metadata(ScopeProvider, node, None)
+    return None if scope is None else scope_key(scope)
+
+
+def ref_of(visitor: cst.MetadataDependent, expr: cst.CSTNode) -> Optional[Ref]:
+    """``model`` -> ``("main", "model")``; ``self.model`` -> ``("Trainer", "self.model")``.
+
+    ``None`` when the expression is not a plain name or ``self`` attribute, or when
+    the name can be bound in more than one scope.
+    """
+    if isinstance(expr, cst.Name):
+        scope = visitor.get_metadata(ScopeProvider, expr, None)
+        if scope is None:
+            return None
+        owners = {id(a.scope): a.scope for a in scope[expr.value]}
+        if len(owners) != 1:
+            return None
+        return scope_key(next(iter(owners.values()))), expr.value
+    if m.matches(expr, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        scope = visitor.get_metadata(ScopeProvider, expr.value, None)  # type: ignore[attr-defined]
+        if isinstance(scope, FunctionScope) and isinstance(scope.parent, ClassScope):
+            return scope_key(scope.parent), f"self.{expr.attr.value}"  # type: ignore[attr-defined]
+        parent = getattr(scope, "parent", None)  # a comprehension or nested function in a method
+        while parent is not None and not isinstance(parent, (ClassScope, GlobalScope)):
+            parent = getattr(parent, "parent", None)
+        if isinstance(parent, ClassScope):
+            return scope_key(parent), f"self.{expr.attr.value}"  # type: ignore[attr-defined]
+    return None
+
+
+def assigned_values(visitor: cst.MetadataDependent, name: cst.Name) -> list[cst.BaseExpression]:
+    """The values ``name`` is assigned in its scope by ``name = value`` (``params = [...]`` for
+    ``Adam(params)``, ``state = {...}`` for ``torch.save(state, path)``)."""
+    from libcst.metadata import ParentNodeProvider
+
+    scope = visitor.get_metadata(ScopeProvider, name, None)
+    values = []
+    for assignment in scope[name.value] if scope is not None else ():
+        node = getattr(assignment, "node", None)
+        target = visitor.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+        assign = visitor.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+        if isinstance(assign, cst.Assign):
+            values.append(assign.value)
+    return values
+
+
+def receiver_refs(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Iterator[Ref]:
+    """Refs along a receiver chain: ``self.model.encoder[0]`` yields ``self.model``'s ref."""
+    while True:
+        ref = ref_of(visitor, expr)
+        if ref is not None:
+            yield ref
+        if isinstance(expr, (cst.Attribute, cst.Subscript)):
+            expr = expr.value
+        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+            expr = expr.func.value
+        else:
+            return
