@@ -1,7 +1,7 @@
 """The finding codes: what accelify recognises but leaves for a human, one line each.
 
 The codemods say *where* and *what to do instead* when they report; this table is
-what ``accelify rules`` and the README list, and what ``--select``/``--ignore`` take.
+what ``accelify rules`` and docs/findings.md list, and what ``--select``/``--ignore`` take.
 """
 
 from __future__ import annotations

@@ -327,7 +327,7 @@ def test_rules_aligns_descriptions_after_the_longest_name(monkeypatch) -> None:
     assert backward.startswith("ACC005  a-name-longer-than-any-real-one Rewrite")
 
 
-# ---------------------------------------------------------------- every README claim about the CLI
+# ---------------------------------------------------------------- every claim about the CLI (README, docs/usage.md)
 
 
 def test_directory_search_skips_tool_folders(project: Path) -> None:
