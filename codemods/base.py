@@ -79,7 +79,7 @@ class AccelifyCodemod(cst.CSTTransformer):
 
     Subclasses set ``CODE`` (``ACC0xx``), ``NAME`` (kebab-case) and ``DESCRIPTION``
     (one line), and put a before/after example in their docstring between the
-    ``Before::`` and ``After::`` markers: the README and ``accelify rules`` show it,
+    ``Before::`` and ``After::`` markers: docs/rules/ and ``accelify rules`` show it,
     and the test-suite converts it.
 
     All codemods run in one traversal of the original tree (``accelify.core.composite``):

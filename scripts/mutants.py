@@ -175,7 +175,7 @@ MUTANTS = [
         "        requests = []\n",
         tests=("tests/test_fixtures.py",),
     ),
-    # --- README claims about the CLI
+    # --- README and docs/usage.md claims about the CLI
     Mutant(
         "cli-quiet-ignored", "-q still prints the summary",
         "accelify/app/cli.py", "    if not quiet:\n        run.say(summary", "    if True:\n        run.say(summary",

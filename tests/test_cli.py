@@ -282,7 +282,52 @@ def test_rules_lists_findings_too(project: Path) -> None:
     assert run("rules", "acc104", cwd=project).stdout.decode().startswith("ACC104 (finding):")
 
 
-# ---------------------------------------------------------------- every README claim about the CLI
+def _rules_listing() -> list[tuple[str, str, str]]:
+    """(code, the line `accelify rules` prints for it, its description) in the printed order."""
+    from typer.testing import CliRunner
+
+    from accelify.cli import app
+    from accelify.codemods import by_code
+    from accelify.findings import FINDINGS
+
+    described = {code: cls.DESCRIPTION for code, cls in by_code().items()} | dict(FINDINGS)
+    result = CliRunner().invoke(app, ["rules"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    return [(line.split()[0], line, described[line.split()[0]]) for line in lines]
+
+
+def _code_number(code: str) -> int:
+    return int(code[len("ACC"):])
+
+
+def test_rules_lists_codes_in_numeric_order(monkeypatch) -> None:
+    """Codes come in numeric order, whatever the order of the table they are kept in (ACC129
+    was listed after ACC134, where it was added to FINDINGS)."""
+    import accelify.findings
+
+    shuffled = dict(reversed(list(accelify.findings.FINDINGS.items())))
+    monkeypatch.setattr(accelify.findings, "FINDINGS", shuffled)
+    listed = [code for code, _, _ in _rules_listing()]
+    assert listed == sorted(listed, key=_code_number)
+    assert listed.index("ACC129") == listed.index("ACC128") + 1
+
+
+def test_rules_aligns_descriptions_after_the_longest_name(monkeypatch) -> None:
+    """Every description starts in the same column, one past the longest name (names longer than
+    18 characters pushed theirs to the right)."""
+    from accelify.codemods import by_code
+
+    monkeypatch.setattr(by_code()["ACC005"], "NAME", "a-name-longer-than-any-real-one")
+    listing = _rules_listing()
+    columns = {len(line) - len(text) for _, line, text in listing}
+    assert all(line.endswith(text) for _, line, text in listing)
+    assert len(columns) == 1, columns
+    backward = next(line for code, line, _ in listing if code == "ACC005")
+    assert backward.startswith("ACC005  a-name-longer-than-any-real-one Rewrite")
+
+
+# ---------------------------------------------------------------- every claim about the CLI (README, docs/usage.md)
 
 
 def test_directory_search_skips_tool_folders(project: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -40,20 +41,43 @@ def test_select_runs_only_the_selected_codemods() -> None:
     assert "loss.backward()" in result.output and "accelerator = Accelerator()" in result.output
 
 
-def test_readme_lists_every_codemod_with_its_example() -> None:
-    readme = (ROOT / "README.md").read_text()
+def _update_docs():
+    """scripts/update_docs.py as a module (scripts/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_docs", ROOT / "scripts" / "update_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_reference_is_what_update_docs_writes_from_the_code() -> None:
+    """docs/rules/ACC0xx.md, the index in docs/codemods.md and the table in docs/findings.md are
+    the docstrings and FINDINGS as `accelify rules` shows them: edit one, run the script."""
+    update_docs = _update_docs()
+    pages = update_docs.pages()
+    assert len([p for p in pages if p.parent == Path("docs", "rules")]) == len(by_code())
+    for path, text in pages.items():
+        assert (ROOT / path).read_text(encoding="utf-8") == text, f"{path} is stale: python scripts/update_docs.py"
+    assert update_docs.stale() == [], "pages of codemods that no longer exist: python scripts/update_docs.py"
+
+
+def test_docs_list_every_codemod_with_its_example() -> None:
+    index = (ROOT / "docs" / "codemods.md").read_text(encoding="utf-8")
     for code, cls in by_code().items():
+        page = (ROOT / "docs" / "rules" / f"{code}.md").read_text(encoding="utf-8")
         before, after = cls.example()
-        assert f"### {code} `{cls.NAME}`" in readme
-        assert f"```python\n{before}```" in readme and f"```python\n{after}```" in readme
+        assert f"\n# {code} `{cls.NAME}`\n" in page
+        assert f"```python\n{before}```" in page and f"```python\n{after}```" in page
+        assert f"| [{code}](rules/{code}.md) | `{cls.NAME}` |" in index
 
 
-def test_readme_lists_every_finding_and_every_emitted_code_is_listed() -> None:
+def test_docs_list_every_finding_and_every_emitted_code_is_listed() -> None:
     from accelify.output.findings import FINDINGS
 
-    readme = (ROOT / "README.md").read_text()
+    listed = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
     for code, text in FINDINGS.items():
-        assert f"| {code} | {text} |" in readme
+        assert f"| {code} | {text} |" in listed
     emitted = set()
     for folder in ("accelify", "codemods"):
         for path in (ROOT / folder).rglob("*.py"):

@@ -58,3 +58,19 @@ def test_output_contains_every_docs_line_in_order_and_none_removed(file_regressi
 
 def test_docs_golden_is_stable() -> None:
     assert_stable((DOCS / "after.py").read_text())
+
+
+def test_readme_example_is_this_conversion(tmp_path) -> None:
+    """README's example, `accelify convert train.py` on the docs' script, is what the command prints."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shown = readme.split("```diff\n$ accelify convert train.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "train.py").write_text((DOCS / "before.py").read_text())
+    proc = subprocess.run([sys.executable, "-m", "accelify", "convert", "train.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == shown

@@ -84,8 +84,8 @@ def test_a_changed_learning_rate_is_reported_at_its_step(tmp_path):
     assert "step 1" in result["message"]
 
 
-def test_examples_train_on_one_and_two_processes_as_the_readme_shows(tmp_path):
-    """README's `accelify verify examples/train.py --steps 6 --processes 2`: its table is this run's."""
+def test_examples_train_on_one_and_two_processes_as_the_docs_show(tmp_path):
+    """docs/verify.md's `accelify verify examples/train.py --steps 6 --processes 2`: its table is this run's."""
     shutil.copy(REPO / "examples" / "train.py", tmp_path / "train.py")
     result = _verify(tmp_path, "train.py", "--steps", "6", "--processes", "2")
     assert result["verdict"] == "identical" and len(result["rows"]) == 6
@@ -95,11 +95,11 @@ def test_examples_train_on_one_and_two_processes_as_the_readme_shows(tmp_path):
     assert all(row["distributed"] is not None for row in result["rows"])
     # each rank trains on its own half of a batch: not the one-process losses
     assert [row["distributed"] for row in result["rows"]] != [row["original"] for row in result["rows"]]
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert "$ accelify verify examples/train.py --steps 6 --processes 2\n" in readme
+    page = (REPO / "docs" / "verify.md").read_text(encoding="utf-8")
+    assert "$ accelify verify examples/train.py --steps 6 --processes 2\n" in page
     for row in result["rows"]:
         cells = [str(row["step"]), f"{row['original']:.8g}", f"{row['converted']:.8g}", "0", f"{row['distributed']:.8g}"]
-        assert re.search(r"│\s*" + r"\s*│\s*".join(map(re.escape, cells)) + r"\s*│", readme), cells
+        assert re.search(r"│\s*" + r"\s*│\s*".join(map(re.escape, cells)) + r"\s*│", page), cells
 
 
 def test_script_arguments_after_double_dash_and_text_output(tmp_path):

@@ -463,11 +463,11 @@ def test_cli_verify_says_it_takes_scripts_not_notebooks(project: Path) -> None:
     assert proc.returncode == 2 and b"verify runs Python scripts, not notebooks" in proc.stderr
 
 
-def test_readme_notebook_examples_are_real_runs(project: Path, root: Path) -> None:
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    shown = readme.split("$ accelify convert train.ipynb\n", 1)[1].split("```", 1)[0]
+def test_docs_notebook_examples_are_real_runs(project: Path, root: Path) -> None:
+    page = (root / "docs" / "notebooks.md").read_text(encoding="utf-8")
+    shown = page.split("$ accelify convert train.ipynb\n", 1)[1].split("```", 1)[0]
     assert run("convert", "train.ipynb", cwd=project).stdout.decode() == shown
-    note = readme.split("$ accelify convert --notebook-launcher 2 train.ipynb\n...\nwould convert train.ipynb\n", 1)[1]
+    note = page.split("$ accelify convert --notebook-launcher 2 train.ipynb\n...\nwould convert train.ipynb\n", 1)[1]
     note = note.split("```", 1)[0]
     assert note in run("convert", "--notebook-launcher", "2", "train.ipynb", cwd=project).stderr.decode()
 

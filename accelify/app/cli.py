@@ -302,14 +302,16 @@ def _summary(changed: int, errors: int, findings: int, total: int, *, in_place: 
 def rules(code: Optional[str] = typer.Argument(None, help="A code such as ACC004: show its before/after.")) -> None:
     """List the codemods with their codes, or show one with its before/after example."""
     from accelify.codemods import by_code
-    from accelify.output.findings import FINDINGS
+
+    from accelify.output.findings import FINDINGS, code_key
 
     table = by_code()
     if code is None:
-        for cls in table.values():
-            typer.echo(f"{cls.CODE}  {cls.NAME:<18} {cls.DESCRIPTION}")
-        for finding, text in FINDINGS.items():
-            typer.echo(f"{finding}  {'finding':<18} {text}")
+        rows = [(cls.CODE, cls.NAME, cls.DESCRIPTION) for cls in table.values()]
+        rows += [(finding, "finding", text) for finding, text in FINDINGS.items()]
+        width = max(len(name) for _, name, _ in rows)
+        for listed, name, text in sorted(rows, key=lambda row: code_key(row[0])):
+            typer.echo(f"{listed}  {name:<{width}} {text}")
         return
     if code.upper() in FINDINGS:
         typer.echo(f"{code.upper()} (finding): {FINDINGS[code.upper()]}")

@@ -1,7 +1,7 @@
 """The finding codes: what accelify recognises but leaves for a human, one line each.
 
 The codemods say *where* and *what to do instead* when they report; this table is
-what ``accelify rules`` and the README list, and what ``--select``/``--ignore`` take.
+what ``accelify rules`` and docs/findings.md list, and what ``--select``/``--ignore`` take.
 """
 
 from __future__ import annotations
@@ -100,3 +100,9 @@ FINDINGS: dict[str, str] = {
     "the whole notebook is left unchanged, otherwise the cell is left as it is and the rest converted. A cell of "
     "another language (`%%bash`, `%%writefile`) that mentions training is left as it is and reported.",
 }
+
+
+def code_key(code: str) -> tuple[str, int]:
+    """Sort key of a code: by its number (``ACC129`` before ``ACC130``), not by where a table keeps it."""
+    digits = len(code) - len(code.rstrip("0123456789"))
+    return code[: len(code) - digits], int(code[len(code) - digits :] or 0)
