@@ -47,6 +47,29 @@ def test_diff_applies_with_patch(project: Path) -> None:
     assert (project / "train.py").read_text() == CONVERTED
 
 
+def test_diff_headers_are_normalised_paths_git_apply_accepts(project: Path) -> None:
+    """Issue 25: `convert .` named files `a/./train.py`, which `git apply` refuses."""
+    (project / "sub").mkdir()
+    (project / "sub" / "x.py").write_text(TRAIN)
+
+    def headers(*args: str, cwd: Path = project) -> list[str]:
+        diff = run("convert", *args, cwd=cwd).stdout.decode()
+        return [line for line in diff.splitlines() if line.startswith(("--- ", "+++ "))]
+
+    assert headers(".") == ["--- a/train.py", "+++ b/train.py", "--- a/sub/x.py", "+++ b/sub/x.py"]
+    assert headers("./train.py") == headers("sub/../train.py") == ["--- a/train.py", "+++ b/train.py"]
+    assert headers("./sub//x.py") == ["--- a/sub/x.py", "+++ b/sub/x.py"]
+    # outside the current directory: the absolute path from the root, as before (patch -p1 from /)
+    rooted = str(project / "train.py").lstrip("/")
+    assert headers(str(project / "train.py")) == headers("../train.py", cwd=project / "sub") == [
+        f"--- a/{rooted}", f"+++ b/{rooted}"]
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    diff = run("convert", ".", cwd=project).stdout
+    subprocess.run(["git", "apply", "--check", "-"], cwd=project, input=diff, check=True, capture_output=True)
+    subprocess.run(["git", "apply", "-"], cwd=project, input=diff, check=True, capture_output=True)
+    assert (project / "train.py").read_text() == (project / "sub" / "x.py").read_text() == CONVERTED
+
+
 def test_color_only_when_asked(project: Path) -> None:
     proc = run("convert", "--color", "train.py", cwd=project)
     assert "\x1b[" in proc.stdout.decode()

@@ -145,8 +145,8 @@ def test_one_or_two_workers_print_the_same_bytes(many: Path, mode: tuple[str, ..
     assert one.returncode == two.returncode == 123
     assert one.stdout == two.stdout and one.stderr == two.stderr
     if not mode:
-        assert one.stdout.index(b"--- a/./a_train.py") < one.stdout.index(b"--- a/./b_amb.py") < one.stdout.index(
-            b"--- a/./pkg/e_train.py")
+        assert one.stdout.index(b"--- a/a_train.py") < one.stdout.index(b"--- a/b_amb.py") < one.stdout.index(
+            b"--- a/pkg/e_train.py")
         assert one.stderr.decode().endswith("3 files would be converted, 2 unchanged, 2 findings, 1 error.\n")
     else:
         paths = [entry["path"] for entry in json.loads(one.stdout)["files"]]
