@@ -147,11 +147,15 @@ def test_error_beats_check(project: Path) -> None:
     assert proc.returncode == 123
 
 
-def test_missing_file_exit_123(project: Path) -> None:
-    proc = run("convert", "nope.py", "train.py", cwd=project)
-    assert proc.returncode == 123
-    assert b"nope.py" in proc.stderr
-    assert proc.stdout.startswith(b"--- a/train.py")
+@pytest.mark.parametrize("mode", [(), ("--check",), ("--in-place",), ("--format", "json")])
+def test_a_path_that_does_not_exist_is_a_usage_error_exit_2(project: Path, mode: tuple[str, ...]) -> None:
+    """Issue 25: as black and ruff, exit 2 naming the path, and nothing converted (it was 123)."""
+    proc = run("convert", *mode, "nope.py", "train.py", "gone/x.py", cwd=project)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.decode().splitlines() == ["Usage error: nope.py: no such file or directory.",
+                                                 "Usage error: gone/x.py: no such file or directory."]
+    assert proc.stdout == b""
+    assert (project / "train.py").read_text() == TRAIN
 
 
 def test_crlf_is_kept(project: Path) -> None:
