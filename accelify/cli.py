@@ -2,7 +2,8 @@
 
 Exit codes (as black): 0 success, 1 ``--check`` found files that would change,
 2 usage error (a path that does not exist too: nothing is converted), 123 a file could
-not be read or parsed (it is left untouched and the other files are still processed).
+not be read, parsed or written (a read-only file is not written; it is left untouched and
+the other files are still processed).
 ``verify``: 0 equivalent, 1 different, 2 usage error, 3 a run failed or timed out,
 123 the script cannot be read or parsed.
 """
