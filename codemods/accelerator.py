@@ -102,7 +102,9 @@ class AddAccelerator(AccelifyCodemod):
         if arguments:
             index = max(index, arguments[-1] + 1)
         self._import()
-        anchor = block.body[min(index, len(block.body) - 1)]
+        # Reported at the statement it follows, as ACC004 reports prepare (the block's first when it
+        # goes first): in a notebook the statement after it may start the next cell, not this one.
+        anchor = block.body[index - 1] if index > 0 else block.body[0]
         self.change(anchor, f"`{self.plan.accelerator} = Accelerator()` inserted" + unused_note(self.plan))
         args = self.plan.accelerator_args()
         line_length = self.context.scratch.get("accelify.line_length", 88)

@@ -47,6 +47,29 @@ def test_diff_applies_with_patch(project: Path) -> None:
     assert (project / "train.py").read_text() == CONVERTED
 
 
+def test_diff_headers_are_normalised_paths_git_apply_accepts(project: Path) -> None:
+    """Issue 25: `convert .` named files `a/./train.py`, which `git apply` refuses."""
+    (project / "sub").mkdir()
+    (project / "sub" / "x.py").write_text(TRAIN)
+
+    def headers(*args: str, cwd: Path = project) -> list[str]:
+        diff = run("convert", *args, cwd=cwd).stdout.decode()
+        return [line for line in diff.splitlines() if line.startswith(("--- ", "+++ "))]
+
+    assert headers(".") == ["--- a/train.py", "+++ b/train.py", "--- a/sub/x.py", "+++ b/sub/x.py"]
+    assert headers("./train.py") == headers("sub/../train.py") == ["--- a/train.py", "+++ b/train.py"]
+    assert headers("./sub//x.py") == ["--- a/sub/x.py", "+++ b/sub/x.py"]
+    # outside the current directory: the absolute path from the root, as before (patch -p1 from /)
+    rooted = str(project / "train.py").lstrip("/")
+    assert headers(str(project / "train.py")) == headers("../train.py", cwd=project / "sub") == [
+        f"--- a/{rooted}", f"+++ b/{rooted}"]
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    diff = run("convert", ".", cwd=project).stdout
+    subprocess.run(["git", "apply", "--check", "-"], cwd=project, input=diff, check=True, capture_output=True)
+    subprocess.run(["git", "apply", "-"], cwd=project, input=diff, check=True, capture_output=True)
+    assert (project / "train.py").read_text() == (project / "sub" / "x.py").read_text() == CONVERTED
+
+
 def test_color_only_when_asked(project: Path) -> None:
     proc = run("convert", "--color", "train.py", cwd=project)
     assert "\x1b[" in proc.stdout.decode()
@@ -124,11 +147,15 @@ def test_error_beats_check(project: Path) -> None:
     assert proc.returncode == 123
 
 
-def test_missing_file_exit_123(project: Path) -> None:
-    proc = run("convert", "nope.py", "train.py", cwd=project)
-    assert proc.returncode == 123
-    assert b"nope.py" in proc.stderr
-    assert proc.stdout.startswith(b"--- a/train.py")
+@pytest.mark.parametrize("mode", [(), ("--check",), ("--in-place",), ("--format", "json")])
+def test_a_path_that_does_not_exist_is_a_usage_error_exit_2(project: Path, mode: tuple[str, ...]) -> None:
+    """Issue 25: as black and ruff, exit 2 naming the path, and nothing converted (it was 123)."""
+    proc = run("convert", *mode, "nope.py", "train.py", "gone/x.py", cwd=project)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.decode().splitlines() == ["Usage error: nope.py: no such file or directory.",
+                                                 "Usage error: gone/x.py: no such file or directory."]
+    assert proc.stdout == b""
+    assert (project / "train.py").read_text() == TRAIN
 
 
 def test_crlf_is_kept(project: Path) -> None:
@@ -286,9 +313,9 @@ def _rules_listing() -> list[tuple[str, str, str]]:
     """(code, the line `accelify rules` prints for it, its description) in the printed order."""
     from typer.testing import CliRunner
 
-    from accelify.cli import app
+    from accelify.app.cli import app
     from accelify.codemods import by_code
-    from accelify.findings import FINDINGS
+    from accelify.output.findings import FINDINGS
 
     described = {code: cls.DESCRIPTION for code, cls in by_code().items()} | dict(FINDINGS)
     result = CliRunner().invoke(app, ["rules"])
@@ -304,10 +331,10 @@ def _code_number(code: str) -> int:
 def test_rules_lists_codes_in_numeric_order(monkeypatch) -> None:
     """Codes come in numeric order, whatever the order of the table they are kept in (ACC129
     was listed after ACC134, where it was added to FINDINGS)."""
-    import accelify.findings
+    import accelify.output.findings
 
-    shuffled = dict(reversed(list(accelify.findings.FINDINGS.items())))
-    monkeypatch.setattr(accelify.findings, "FINDINGS", shuffled)
+    shuffled = dict(reversed(list(accelify.output.findings.FINDINGS.items())))
+    monkeypatch.setattr(accelify.output.findings, "FINDINGS", shuffled)
     listed = [code for code, _, _ in _rules_listing()]
     assert listed == sorted(listed, key=_code_number)
     assert listed.index("ACC129") == listed.index("ACC128") + 1

@@ -145,8 +145,8 @@ def test_one_or_two_workers_print_the_same_bytes(many: Path, mode: tuple[str, ..
     assert one.returncode == two.returncode == 123
     assert one.stdout == two.stdout and one.stderr == two.stderr
     if not mode:
-        assert one.stdout.index(b"--- a/./a_train.py") < one.stdout.index(b"--- a/./b_amb.py") < one.stdout.index(
-            b"--- a/./pkg/e_train.py")
+        assert one.stdout.index(b"--- a/a_train.py") < one.stdout.index(b"--- a/b_amb.py") < one.stdout.index(
+            b"--- a/pkg/e_train.py")
         assert one.stderr.decode().endswith("3 files would be converted, 2 unchanged, 2 findings, 1 error.\n")
     else:
         paths = [entry["path"] for entry in json.loads(one.stdout)["files"]]
@@ -293,6 +293,43 @@ def test_a_failed_write_is_an_error_not_a_conversion(tmp_path: Path) -> None:
     assert f"error: {name}: cannot write:" in err and f"converted {name}" not in err
     assert err.endswith("0 files converted, 0 unchanged, 1 error.\n")
     assert (tmp_path / name).read_text() == TRAIN
+
+
+def test_a_read_only_file_is_left_alone_and_an_error(tmp_path: Path) -> None:
+    """Issue 25: --in-place replaced a read-only file through the atomic rename. Decided by the
+    mode's write bits, so root (whom the mode does not stop) gets the same as anyone."""
+    (tmp_path / "ro.py").write_text(TRAIN)
+    (tmp_path / "rw.py").write_text(TRAIN)
+    (tmp_path / "link.py").symlink_to("ro.py")
+    (tmp_path / "ro.py").chmod(0o444)
+    before = (tmp_path / "ro.py").stat()
+    proc = run("convert", "--in-place", "-j", "1", "link.py", "rw.py", cwd=tmp_path)
+    assert proc.returncode == 123
+    assert proc.stderr.decode().splitlines() == [
+        "error: link.py: cannot write: permission denied: the file is read-only (mode 0444, no write permission "
+        "bit; accelify does not write such a file, even as root); left unchanged",
+        "converted rw.py",
+        "1 file converted, 0 unchanged, 1 error.",
+    ]
+    after = (tmp_path / "ro.py").stat()
+    assert (tmp_path / "ro.py").read_text() == TRAIN and (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert (tmp_path / "rw.py").read_text() != TRAIN  # the other file is converted
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.py", "ro.py", "rw.py"]  # no temporary file left
+    as_json = json.loads(run("convert", "--in-place", "--format", "json", "ro.py", cwd=tmp_path).stdout)
+    assert as_json["files"][0]["status"] == "error" and "read-only" in as_json["files"][0]["error"]
+    assert (tmp_path / "ro.py").read_text() == TRAIN
+
+
+def test_a_file_this_user_may_not_write_is_not_replaced(tmp_path: Path, monkeypatch) -> None:
+    """A file with write bits, not for this user (another's 0644): the rename would replace it all the same."""
+    from accelify.app import files as io
+
+    target = tmp_path / "theirs.py"
+    target.write_text("x = 1\n")
+    monkeypatch.setattr(io.os, "access", lambda path, mode: False)
+    with pytest.raises(PermissionError, match="this user may not write the file"):
+        io.write_atomic(str(target), "x = 2\n", "utf-8")
+    assert target.read_text() == "x = 1\n" and [p.name for p in tmp_path.iterdir()] == ["theirs.py"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")

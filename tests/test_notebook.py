@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -389,6 +390,26 @@ def test_cli_findings_in_text_json_and_github(tmp_path: Path) -> None:
     assert (finding["code"], finding["cell"], finding["line"]) == ("ACC124", 3, 2)
     github = run("convert", "--format", "github", "hand.ipynb", cwd=tmp_path).stdout.decode()
     assert github.startswith("::warning file=hand.ipynb,title=accelify ACC124::cell 3, line 2, column 1: ")
+
+
+@pytest.mark.parametrize("head", [(), (("markdown", "# Training"),)])
+def test_cli_json_names_the_cell_a_change_is_in(tmp_path: Path, head: tuple) -> None:
+    """Issue 25: the Accelerator inserted after the imports that end cell 1 was reported in cell 2
+    (where the statement after it is). Cells count from 1 over all cells, markdown included, in the
+    JSON as in the diff's headers and the findings."""
+    (tmp_path / "three.ipynb").write_text(make(*head, IMPORTS, DATA + "\n" + MODEL, LOOP), encoding="utf-8")
+    proc = run("convert", "--format", "json", "three.ipynb", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [entry] = json.loads(proc.stdout)["files"]
+    first = len(head) + 1  # the first code cell's number
+    changes = {(c["code"], c["cell"], c["line"]) for c in entry["changes"]}
+    assert ("ACC001", first, 2) in changes  # after line 2 of its cell, the last import
+    assert ("ACC004", first + 1, 3) in changes and ("ACC005", first + 2, 4) in changes
+    diffs = dict(re.findall(r"^--- three\.ipynb \(cell (\d+)\)\n(.*?)(?=^--- |\Z)", entry["diff"], re.M | re.S))
+    assert sorted(map(int, diffs)) == sorted({cell for _, cell, _ in changes}) == [first, first + 1, first + 2]
+    assert "+accelerator = Accelerator()\n" in diffs[str(first)]
+    assert "+loader, model, optimizer = accelerator.prepare(loader, model, optimizer)\n" in diffs[str(first + 1)]
+    assert "+    accelerator.backward(loss)\n" in diffs[str(first + 2)]
 
 
 def test_cli_broken_notebook_is_an_error_exit_123(tmp_path: Path) -> None:

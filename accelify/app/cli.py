@@ -1,9 +1,11 @@
 """The ``accelify`` command line: ``convert``, ``verify`` and ``rules``.
 
 Exit codes (as black): 0 success, 1 ``--check`` found files that would change,
-2 usage error, 123 a file could not be read or parsed (it is left untouched and
-the other files are still processed). ``verify``: 0 equivalent, 1 different,
-2 usage error, 3 a run failed or timed out, 123 the script cannot be read or parsed.
+2 usage error (a path that does not exist too: nothing is converted), 123 a file could
+not be read, parsed or written (a read-only file is not written; it is left untouched and
+the other files are still processed).
+``verify``: 0 equivalent, 1 different, 2 usage error, 3 a run failed or timed out,
+123 the script cannot be read or parsed.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def convert(
         _usage(f"--target must be accelerate or runtime, not {target!r}.")
     if notebook_launcher is not None and target != "accelerate":
         _usage("--notebook-launcher imports notebook_launcher from accelerate: it needs --target accelerate.")
+    missing = [path for path in paths if path != "-" and _missing(path)]
+    if missing:  # as black and ruff: a usage error, and nothing converted
+        for path in missing[:-1]:
+            typer.echo(f"Usage error: {path}: no such file or directory.", err=True)
+        _usage(f"{missing[-1]}: no such file or directory.")
     codemods, finding_codes = _selection(select, ignore)
     files = list(iter_python_files(paths))
     if output is not None and len(files) != 1:
@@ -145,6 +152,18 @@ def convert(
     if not quiet:
         run.say(summary)
     raise typer.Exit(status)
+
+
+def _missing(path: str) -> bool:
+    """Nothing is there (a path that exists but cannot be looked at is no usage error: reading it
+    says why, exit 123)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -47,14 +48,28 @@ def read_source(path: str) -> Source:
     return decode(raw, path)
 
 
+#: The mode bits that let someone write a file.
+WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
 def write_atomic(path: str, text: str, encoding: str) -> None:
     """Replace ``path`` with ``text`` in one step: a crash never leaves half a file.
 
     A symbolic link is written through: its target gets the text, the link stays a link.
+    A file that is read-only (no write bit in its mode, whoever runs this: root too, whom the
+    mode does not stop) or that this process may not write is not replaced (the rename would
+    replace it all the same): PermissionError, and the file is left as it is.
     """
     target = Path(os.path.realpath(path))
     data = text.encode(encoding)
     mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    if mode is not None and not mode & WRITE_BITS:
+        raise PermissionError(errno.EACCES, f"permission denied: the file is read-only (mode {mode:04o}, no write "
+                              f"permission bit; accelify does not write such a file, even as root); left unchanged",
+                              path)
+    if mode is not None and not os.access(target, os.W_OK):
+        raise PermissionError(errno.EACCES, f"permission denied: this user may not write the file (mode {mode:04o}); "
+                              f"left unchanged", path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".accelify", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from typing import TextIO
 
 _NO_NEWLINE = "\\ No newline at end of file\n"
@@ -12,7 +13,7 @@ def unified_diff(old: str, new: str, path: str) -> str:
     """A diff ``git apply`` and ``patch -p1`` accept; empty when nothing changed."""
     if old == new:
         return ""
-    label = path.lstrip("/") if path != "<stdin>" else "stdin"
+    label = header_path(path) if path != "<stdin>" else "stdin"
     lines = difflib.unified_diff(
         old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{label}", f"b/{label}", n=3
     )
@@ -25,10 +26,24 @@ def unified_diff(old: str, new: str, path: str) -> str:
     return "".join(out)
 
 
+def header_path(path: str) -> str:
+    """``path`` as a diff header names it after ``a/`` and ``b/``: normalised, as ``git diff`` names
+    files (``./train.py`` and ``sub/../train.py`` are ``train.py``; ``git apply`` refuses ``./``
+    and ``..`` in a path), with ``/`` between its parts. A path outside the current directory
+    (absolute, or climbing out of it with ``..``) is its absolute path without the leading ``/``:
+    ``git apply`` or ``patch -p1`` run from ``/`` applies it."""
+    normal = os.path.normpath(path)
+    if normal == os.pardir or normal.startswith(os.pardir + os.sep):
+        normal = os.path.abspath(normal)
+    if os.path.isabs(normal):
+        normal = os.path.splitdrive(normal)[1].lstrip("/" + os.sep)
+    return normal.replace(os.sep, "/")
+
+
 def notebook_diff(cells: "list[tuple[int, str, str]]", path: str) -> str:
     """One unified diff per rewritten cell of a notebook, headed ``--- train.ipynb (cell 5)`` as
     nbdime names cells; not a diff of the JSON (whose lines are quoted strings)."""
-    label = path if path != "<stdin>" else "stdin"
+    label = os.path.normpath(path) if path != "<stdin>" else "stdin"  # ./train.ipynb: train.ipynb
     out = []
     for number, old, new in cells:
         name = f"{label} (cell {number})"

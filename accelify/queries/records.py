@@ -22,7 +22,8 @@ class RawFinding:
 
 @dataclass(frozen=True, order=True)
 class Change:
-    """One rewrite a codemod applied. ``line`` is a line of the *original* file."""
+    """One rewrite a codemod applied. ``line`` is a line of the *original* file (for a statement
+    inserted, that of the statement it follows, or of the one it precedes at the top of a block)."""
 
     line: int
     code: str
