@@ -8,6 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
+from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.plan import Plan, bind_arguments, param_names
 from accelify.queries.blocks import child_blocks, simple_assign
 from accelify.queries.refs import MODULE, key_at, ref_of
@@ -57,7 +58,7 @@ class RemoveDevice(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return bool(plan.devices or plan.device_params)
+        return bool(plan.devices or plan.device_params or plan.option_device)
 
     METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
 
@@ -148,6 +149,30 @@ class RemoveDevice(AccelifyCodemod):
         self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
 
+    def _option_device(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        """``args.device`` where a device goes (``device=args.device``, ``.to(args.device)`` kept,
+        ``torch.device(args.device)``): ``accelerator.device``; elsewhere (``print(args.device)``,
+        ``args.device == "cpu"``) the option as the user gave it."""
+        placement = self.other("ACC003")
+        if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]
+            return updated_node  # `.to(args.device)` goes as a whole (ACC003)
+        code = cst.Module(body=[]).code_for_node(original_node)
+        if loads_on_the_cpu(self, original_node):
+            self.change(original_node, f"`map_location={code}` -> `map_location=\"cpu\"`")
+            return cpu_string(self, original_node)
+        arg = self.get_metadata(ParentNodeProvider, original_node, None)
+        call = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        if not isinstance(call, cst.Call) or arg.value is not original_node:  # type: ignore[union-attr]
+            return updated_node
+        keyword = arg.keyword.value if arg.keyword is not None else None  # type: ignore[union-attr]
+        first = arg.keyword is None and call.args and call.args[0] is arg  # type: ignore[union-attr]
+        method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+        if keyword == "device" or (first and (method == "to" or classify_device(self, call) is not None)):
+            accelerator = self.plan.accelerator
+            self.change(original_node, f"`{code}` -> `{accelerator}.device`")
+            return accelerator_attr(accelerator, "device")
+        return updated_node
+
     def _used_as_string(self, node: cst.Name) -> bool:
         """A string device in a comparison or a string method call (``device.startswith("cuda")``)."""
         ref = ref_of(self, node)
@@ -164,6 +189,8 @@ class RemoveDevice(AccelifyCodemod):
         return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value != "type"
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if is_option_device(self, original_node):
+            return self._option_device(original_node, updated_node)
         if not isinstance(original_node.value, cst.Name) or original_node.value.value != "self":
             return updated_node
         accelerator = self._replacement(original_node)

@@ -4,7 +4,7 @@
 
 Writes docs/rules/ACC0xx.md, one page per codemod (its description and the before/after example
 of its docstring: what ``accelify rules ACC0xx`` prints), the codemod index in docs/codemods.md
-and the findings table in docs/findings.md (from accelify/findings.py), and removes the page of a
+and the findings table in docs/findings.md (from accelify/output/findings.py), and removes the page of a
 codemod that no longer exists. tests/test_codemods.py fails when docs/ and the code disagree.
 """
 

@@ -73,6 +73,7 @@ RUNNABLE = {
     "progress_bar": Expect(),
     "host_inputs": Expect(),
     "frozen_backbone": Expect(),
+    "device_option": Expect(evals=("Test set",), saves=("model.pt",)),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).

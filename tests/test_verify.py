@@ -1,4 +1,4 @@
-"""`accelify verify`'s logic without training anything (accelify/verify.py): the comparison of two
+"""`accelify verify`'s logic without training anything (accelify/app/verify.py): the comparison of two
 loss sequences with and without a tolerance, the verdicts and exit codes of finished runs, the
 environment the runs get, the timeout of a hung run, and the tracing hook's import hygiene.
 (tests/test_e2e_verify.py runs real scripts.)"""

@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
-from accelify.analyses.device_kinds import classify_device
+from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
 from accelify.queries.blocks import enclosing_function
 from accelify.queries.loops import peel_iterable
@@ -101,6 +101,8 @@ def _model_moved(facts: Facts, plan: Plan) -> Optional[cst.Call]:
         target = call.args[0].value
         if string_value(target) is not None or m.matches(target, m.Name("torch") | m.Attribute(value=m.Name("torch"))):
             continue
+        if is_option_device(facts, target):
+            continue  # the `--device` option: the training device (accelify.analyses.option_devices)
         if isinstance(target, cst.Name) and any(classify_device(facts, v) is not None
                                                 for v in assigned_values(facts, target)):
             continue  # a device choice accelify knows, made elsewhere: the placement's ACC108 says so

@@ -12,6 +12,7 @@ import libcst as cst
 
 from accelify.queries.devices import AUTO_DEVICE_STRINGS, CPU_STRINGS, CURRENT_ACCELERATOR, TORCH_DEVICE
 from accelify.queries.names import has_qname, string_value
+from accelify.queries.refs import ref_of
 
 # --------------------------------------------------------------------------
 # devices
@@ -32,7 +33,7 @@ class DeviceKind:
 
 def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Optional[DeviceKind]:
     """Classify an expression that *looks like* a device; ``None`` if it does not."""
-    if per_process_device(visitor, expr):
+    if per_process_device(visitor, expr) or is_option_device(visitor, expr):
         return DeviceKind("auto")
     text = string_value(expr)
     if text is not None:
@@ -78,6 +79,14 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
             return DeviceKind("auto")
         return DeviceKind("other", "device chosen by a condition accelify cannot map")
     return None
+
+
+def is_option_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
+    """``args.device``: the ``--device`` option of ``plan.option_device``, read on its namespace
+    (:mod:`accelify.analyses.option_devices`): the training device the user chose."""
+    option = getattr(getattr(visitor, "plan", None), "option_device", None)
+    return (option is not None and isinstance(expr, cst.Attribute) and expr.attr.value == option[1]
+            and isinstance(expr.value, cst.Name) and ref_of(visitor, expr.value) == option[0])
 
 
 def per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 import libcst.matchers as m
 
+from accelify.analyses.device_kinds import is_option_device
 from accelify.analyses.facts import KINDS, Facts, chain_root, param_names
 from accelify.queries.names import TORCH_SAVE, code_of, has_qname
 from accelify.queries.refs import MODULE, key_at, receiver_refs, ref_of
@@ -51,7 +52,8 @@ def flows(facts: Facts, plan: Plan) -> None:
                 if any(a is None for a in args):
                     continue
                 for kind in KINDS:
-                    if ref not in plan.flow[kind] and all(ref_of(facts, a) in plan.flow[kind] for a in args):
+                    if ref not in plan.flow[kind] and all(ref_of(facts, a) in plan.flow[kind] or (
+                            kind == "device" and is_option_device(facts, a)) for a in args):
                         plan.flow[kind].add(ref)
                         changed = True
         changed |= _attribute_flows(facts, plan)

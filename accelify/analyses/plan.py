@@ -32,6 +32,7 @@ from accelify.analyses import (
     helpers,
     mixed_precision,
     objects,
+    option_devices,
     prepare_point,
     samplers,
     schedulers,
@@ -73,6 +74,8 @@ class Plan:
     string_devices: set[str] = field(default_factory=set)
     #: ``Accelerator(cpu=<this>)`` when the device depended on a flag
     cpu_flag: Optional[str] = None
+    #: the ``--device`` option read as the training device: (ref of the parsed namespace, its attribute)
+    option_device: Optional[tuple[Ref, str]] = None
     #: ``Accelerator(mixed_precision=<this>)`` when a GradScaler/autocast is replaced
     mixed_precision: Optional[str] = None
     #: GradScaler names in the setup scope, replaced by the Accelerator's own scaling
@@ -211,6 +214,25 @@ def analyze(wrapper: MetadataWrapper) -> Plan:
     return _decide(facts)
 
 
+class _Blockers:
+    """The first analyses, each run when those it reads have decided: after one refuses the file,
+    the others that do not depend on it still run, so that a file left unchanged is reported with
+    every construct that blocks it (a device assigned twice *and* a collective with no Accelerate
+    equivalent), not the first one found. In a file that converts, every step runs, in order."""
+
+    def __init__(self) -> None:
+        self.passed: set[str] = set()
+        self.refused = False
+
+    def step(self, name: str, needs: tuple[str, ...], run) -> None:
+        if not self.passed.issuperset(needs):
+            return
+        if run():
+            self.passed.add(name)
+        else:
+            self.refused = True
+
+
 def _decide(facts: Facts) -> Plan:
     """The analyses, in order: each reads the facts and what those before it decided.  An analysis
     that refuses the file reports why (a finding) and the plan stays not ``convertible``."""
@@ -228,38 +250,56 @@ def _decide(facts: Facts) -> Plan:
         plan.evaluation = True
         if not evaluation.splits(facts, plan, lists):
             return plan
-    if not distributed.decide(facts, plan):
-        return plan
     first = min((a for a, _ in optimizers.values()), key=facts.line)
-    if not prepare_point.setup_scope(facts, plan, optimizers, first):
+    plan.option_device = option_devices.find(facts)
+    blockers = _Blockers()
+    state: dict = {}
+
+    def objects_step() -> bool:
+        state["in_owner"] = in_owner = objects.setup_assigns(facts, plan)
+        if not objects.training_objects(facts, plan, optimizers, in_owner):
+            return False
+        if plan.method_mode and not prepare_point.init_objects(facts, plan):
+            return False
+        plan.flow["loader"] = plan.refs(plan.dataloaders)
+        plan.flow["model"] = plan.refs(plan.models)
+        return True
+
+    def devices_step() -> bool:
+        if not devices.classify(facts, plan, state["in_owner"]):
+            return False
+        plan.flow["device"] = plan.refs(sorted(plan.devices))
+        return True
+
+    def placed_step() -> bool:
+        if not data.placed(facts, plan, first):
+            return False
+        state["arguments"] = arguments = accelerator.Arguments(facts, plan, state["in_owner"])
+        if not option_devices.decide(facts, plan, arguments):
+            return False
+        if not plan.devices and plan.cpu_flag is None:
+            devices.placement_flag(facts, plan, arguments)
+        helpers.flows(facts, plan)
+        return True
+
+    def schedulers_step() -> bool:
+        state["scheduler_calls"] = calls = schedulers.decide(facts, plan, state["in_owner"], set(optimizers))
+        return calls is not None
+
+    blockers.step("distributed", (), lambda: distributed.decide(facts, plan))
+    blockers.step("setup", (), lambda: prepare_point.setup_scope(facts, plan, optimizers, first))
+    blockers.step("spelling", ("setup",), lambda: accelerator.spelling(facts, plan))
+    blockers.step("objects", ("setup",), objects_step)
+    blockers.step("reaches", ("objects",), lambda: prepare_point.reaches_training(facts, plan, first))
+    # from here on every analysis reads the setup scope and what flows out of it: only where it reaches training
+    blockers.step("devices", ("distributed", "reaches"), devices_step)
+    blockers.step("placed", ("spelling", "devices"), placed_step)
+    blockers.step("reductions", ("placed",), lambda: distributed.reductions(facts, plan))
+    blockers.step("results", ("placed",), lambda: evaluation.kept_results(facts, plan))
+    blockers.step("schedulers", ("placed",), schedulers_step)
+    if blockers.refused:
         return plan
-    if not accelerator.spelling(facts, plan):
-        return plan
-    in_owner = objects.setup_assigns(facts, plan)
-    if not objects.training_objects(facts, plan, optimizers, in_owner):
-        return plan
-    if plan.method_mode and not prepare_point.init_objects(facts, plan):
-        return plan
-    plan.flow["loader"] = plan.refs(plan.dataloaders)
-    plan.flow["model"] = plan.refs(plan.models)
-    if not prepare_point.reaches_training(facts, plan, first):
-        return plan
-    if not devices.classify(facts, plan, in_owner):
-        return plan
-    plan.flow["device"] = plan.refs(sorted(plan.devices))
-    if not data.placed(facts, plan, first):
-        return plan
-    arguments = accelerator.Arguments(facts, plan, in_owner)
-    if not plan.devices and plan.cpu_flag is None:
-        devices.placement_flag(facts, plan, arguments)
-    helpers.flows(facts, plan)
-    if not distributed.reductions(facts, plan):
-        return plan
-    if not evaluation.kept_results(facts, plan):
-        return plan
-    scheduler_calls = schedulers.decide(facts, plan, in_owner, set(optimizers))
-    if scheduler_calls is None:
-        return plan
+    in_owner, arguments, scheduler_calls = state["in_owner"], state["arguments"], state["scheduler_calls"]
     if not prepare_point.place(facts, plan):
         return plan
     helpers.needs_accelerator(facts, plan)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 FINDINGS: dict[str, str] = {
     "ACC100": "The name `accelerator` (or `self.accelerator`) is already bound to something else (a variable, a definition, an import), or `Accelerator` is another package's: file left unchanged.",
-    "ACC102": "The device is forced to the CPU, or chosen per rank or index: file left unchanged.",
+    "ACC102": "The device is forced to the CPU, or chosen per rank or index, or the CPU is chosen both by a `--device` "
+    "option and by another flag: file left unchanged.",
     "ACC103": "The device variable is assigned more than once: file left unchanged.",
     "ACC104": "The training objects are not built in one block, one of them is bound only under a condition (or can "
     "be None), or bound again after training starts and trained again (or a dataloader or optimizer bound again): "
@@ -24,7 +25,8 @@ FINDINGS: dict[str, str] = {
     "once is converted (`prepare` there, the Accelerator created in `__init__`).",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
     "left as it is. The model or batches placed on a device chosen outside the function that trains (a "
-    "module-level `device` used in `main()`) or handed in: file left unchanged.",
+    "module-level `device` used in `main()`) or handed in, or a `--device` option read inside a helper handed "
+    "the whole namespace or parsed after the model is built: file left unchanged.",
     "ACC109": "A placement in code that cannot reach the Accelerator: left as it is; a `.module` of a model whose "
     "DataParallel wrapper is removed: file left unchanged.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: file left unchanged (it would clip "

@@ -1,0 +1,132 @@
+"""The device chosen on the command line: ``parser.add_argument("--device", default="cuda")`` and
+``args = parser.parse_args()``, then ``model.to(args.device)``, ``x.to(args.device)``,
+``torch.device(args.device)``, ``torch.zeros(n, device=args.device)``.
+
+What the model is moved to is the training device. Under a launcher each process has its own
+accelerator, so every read of the option where a device goes becomes ``accelerator.device`` (or
+goes with the placement ``prepare`` makes), while the option still decides the CPU:
+``Accelerator(cpu=args.device == "cpu")``. Reads that are not devices (``print(args.device)``,
+``if args.device == "cuda":``) read the option as before.
+
+Input: the file's ``add_argument`` and ``parse_args`` calls, the reads of the option.
+Output: ``plan.option_device`` (the namespace's ref and the option's attribute), read by
+:func:`~accelify.analyses.device_kinds.classify_device`, and ``plan.cpu_flag``; refusals ACC108
+(the namespace handed to a function that reads the option as a device, where accelify does not
+follow it) and ACC102 (the CPU chosen both by the option and by another flag).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelify.analyses.accelerator import Arguments
+from accelify.analyses.device_kinds import is_option_device
+from accelify.analyses.facts import Facts
+from accelify.queries.names import code_of, string_value
+from accelify.queries.refs import Ref, ref_of
+from accelify.queries.walk import findall
+
+if TYPE_CHECKING:
+    from accelify.analyses.plan import Plan
+
+#: option strings that name the training device
+_OPTIONS = frozenset({"--device"})
+#: what a default may be: a device type, optionally with an index
+_DEVICE_STRING = re.compile(r"(cuda|xpu|npu|mps|cpu)(:\d+)?")
+_PARSE = m.Call(func=m.Attribute(attr=m.Name("parse_args")))
+
+
+def find(facts: Facts) -> Optional[tuple[Ref, str]]:
+    """``(ref of args, "device")`` when the file parses one namespace that has a ``--device``
+    option whose default is a device string (``"cuda"``, ``"cuda:0"``, ``"cpu"``, or ``"cuda"
+    if torch.cuda.is_available() else "cpu"``); None otherwise."""
+    options = [c for c in facts.calls if m.matches(c.func, m.Attribute(attr=m.Name("add_argument")))
+               and any(string_value(a.value) in _OPTIONS for a in c.args if a.keyword is None)]
+    if len(options) != 1:
+        return None
+    option = options[0]
+    dest = next((string_value(a.value) for a in option.args if a.keyword is not None and a.keyword.value == "dest"),
+                "device")
+    default = next((a.value for a in option.args if a.keyword is not None and a.keyword.value == "default"), None)
+    if dest is None or default is None or not _device_default(default):
+        return None
+    namespaces = [ref for ref, assigns in facts.assigns.items() if any(m.matches(a.value, _PARSE) for a in assigns)]
+    if len(namespaces) != 1 or len(facts.assigns[namespaces[0]]) != 1:
+        return None
+    return namespaces[0], dest
+
+
+def _device_default(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.IfExp):
+        return _device_default(expr.body) and _device_default(expr.orelse)
+    text = string_value(expr)
+    return text is not None and _DEVICE_STRING.fullmatch(text) is not None
+
+
+def decide(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
+    """The option becomes the Accelerator's CPU flag; False (a finding) when accelify cannot
+    follow every read of it as a device, or the CPU is chosen by another flag as well."""
+    option = plan.option_device
+    if option is None:
+        return True
+    reads = [n for n in findall(facts.module, m.Attribute(attr=m.Name(option[1])))
+             if is_option_device(facts, n)]  # type: ignore[arg-type]
+    if not reads:
+        return True
+    handed = _handed(facts, plan, option)
+    if handed is not None:
+        function, read = handed
+        facts.finding(
+            plan, read, "ACC108",
+            f"`{code_of(read)}`: `{function}` is handed the parsed options and moves things to their "
+            f"`{option[1]}`, where accelify does not follow them; left in place, every process would use "
+            "that one device. File not converted.",
+            f"pass the device to `{function}` (`accelerator.device`) instead of reading it from the options.",
+        )
+        return False
+    flag = f'{code_of(reads[0])} == "cpu"'
+    if plan.cpu_flag is not None and plan.cpu_flag != flag:
+        facts.finding(
+            plan, reads[0], "ACC102",
+            f"the CPU is chosen both by `--{option[1]}` and by `{plan.cpu_flag}`: no single "
+            "`Accelerator(cpu=...)` says the same. File not converted.",
+            "choose the device in one place.",
+        )
+        return False
+    if not arguments.available(reads[0].value, reads[0]):
+        facts.finding(
+            plan, reads[0], "ACC108",
+            f"`{code_of(reads[0])}` is parsed after the model is built: the Accelerator, created before it, "
+            f"cannot keep `--{option[1]} cpu` on the CPU. File not converted.",
+            "parse the options before building the model.",
+        )
+        return False
+    plan.cpu_flag = arguments.use(cst.parse_expression(flag))
+    return True
+
+
+def _handed(facts: Facts, plan: Plan, option: tuple[Ref, str]) -> Optional[tuple[str, cst.Attribute]]:
+    """A function of the file handed the namespace (``train(args, model)``) that reads the option
+    on its parameter: its name and the read."""
+    functions = {f.name.value: f for f in findall(facts.module, m.FunctionDef())}  # type: ignore[attr-defined]
+    for call in facts.calls:
+        if not isinstance(call.func, cst.Name) or call.func.value not in functions:
+            continue
+        function = functions[call.func.value]
+        params = function.params.params
+        for i, arg in enumerate(call.args):
+            if not (isinstance(arg.value, cst.Name) and ref_of(facts, arg.value) == option[0]):
+                continue
+            if arg.keyword is not None:
+                names = [arg.keyword.value]
+            elif arg.star == "" and i < len(params):
+                names = [params[i].name.value]
+            else:
+                continue
+            for read in findall(function, m.Attribute(value=m.Name(names[0]), attr=m.Name(option[1]))):
+                return function.name.value, read  # type: ignore[return-value]
+    return None
