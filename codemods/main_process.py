@@ -21,6 +21,12 @@ from .base import AccelifyCodemod, accelerator_attr
 _PRINT = frozenset({"builtins.print", "print"})
 
 
+def _calls_by_name(node: cst.CSTNode) -> list[cst.Call]:
+    """The calls of a plain name in ``node``, not inside the functions and classes it defines."""
+    return [n for n in descendants(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)]
+
+
 class MainProcessOutput(AccelifyCodemod):
     """``print`` -> ``accelerator.print``; ``tqdm(...)`` only draws on the local main process.
 
@@ -109,6 +115,9 @@ class MainProcessOutput(AccelifyCodemod):
             at = next((i for i, stmt in enumerate(block.body) if m.matches(stmt, creation)), None)
             if at is None:
                 continue
+            module = self._settle_helpers(module, block.body[:at])
+            block = next(b for b in setup_blocks(scope_root(module, self.plan.setup))  # type: ignore[arg-type]
+                         if any(m.matches(stmt, creation) for stmt in b.body))
             back = {id(new): old for new, old, key, _ in self._rewrites if key in (self.plan.setup, MODULE)}
             body = list(block.body)
             for i in range(at):
@@ -122,6 +131,32 @@ class MainProcessOutput(AccelifyCodemod):
                 return module.with_changes(body=body)
             return replace_in(module, block, block.with_changes(body=body))
         return module
+
+    def _settle_helpers(self, module: cst.Module, before: list[cst.BaseStatement]) -> cst.Module:
+        """The module's functions that the statements ``before`` the Accelerator call (directly or
+        through one another: makemore's ``create_datasets``) print as they did: the Accelerator
+        does not exist yet when they run. One that still reads it otherwise cannot run there."""
+        functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+        early: set[str] = set()
+        todo = [c.func.value for stmt in before for c in _calls_by_name(stmt)]  # type: ignore[attr-defined]
+        while todo:
+            name = todo.pop()
+            if name in functions and name not in early:
+                early.add(name)
+                todo += [c.func.value for c in _calls_by_name(functions[name].body)]  # type: ignore[attr-defined]
+        if not early:
+            return module
+        back = {id(new): old for new, old, key, _ in self._rewrites if key in early}
+        body = [rebuild_with(s, back) if isinstance(s, cst.FunctionDef) and s.name.value in early else s
+                for s in module.body]
+        kept = {id(new) for s in body for new in descendants(s)}
+        self.changes = [c for c in self.changes if not any(
+            c is change and id(new) not in kept for new, _, key, change in self._rewrites if key in early)]
+        for s in body:
+            if isinstance(s, cst.FunctionDef) and s.name.value in early and any(
+                    isinstance(n, cst.Name) and n.value == self.plan.accelerator for n in descendants(s.body)):
+                raise RuntimeError(f"`{s.name.value}` reads the Accelerator and runs before it is created")
+        return module.with_changes(body=body)
 
     def _rewrite(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         names = qualified_names(self, original_node.func)

@@ -13,15 +13,19 @@ from accelify.analyses.device_kinds import classify_device
 from accelify.analyses.distributed import DATA_PARALLEL
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import MAIN_TESTS, rank_attribute
-from accelify.queries.blocks import iter_statements, simple_assign
+from accelify.queries.blocks import iter_statements, scope_root, simple_assign
 from accelify.queries.devices import is_availability_check
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import assigned_names, has_qname, root_name, string_value
 from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
-from accelify.queries.trees import remove_imports_of
+from accelify.queries.training import locate_setup, trainer_functions
+from accelify.queries.trees import descendants, remove_imports_of
 from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, accelerator_attr, flat_code
+
+#: builtins that take a model without running it
+_INERT = frozenset({"print", "len", "str", "repr", "type", "id", "isinstance", "hasattr", "getattr", "vars", "dir"})
 
 _DEVICE_ONLY_KEYWORDS = frozenset({"device", "non_blocking", "copy"})
 _DEVICE_LIKE = re.compile(r"dev|gpu|cuda|rank", re.I)
@@ -325,6 +329,7 @@ class RemovePlacement(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._plain = self.rebound_statements(node)
+        self._runs_early = self._model_runs_early(node)
         self._model_leaves_device = any(
             self._is_model(call.func.value)  # type: ignore[attr-defined]
             and (call.func.attr.value == "cpu"  # type: ignore[attr-defined]
@@ -343,8 +348,45 @@ class RemovePlacement(AccelifyCodemod):
 
     def _before_prepare(self, node: cst.CSTNode) -> bool:
         """A trainer class that prepares in a method (``train``): the model its ``__init__`` builds keeps
-        a placement on ``accelerator.device`` there, for the methods that may run before ``train``."""
-        return bool(self.plan.built_in_init) and key_at(self, node) != self.plan.setup
+        a placement on ``accelerator.device`` there, for the methods that may run before ``train``. So
+        does a model the setup runs before ``prepare`` (``profile(model, inputs=(x.cuda(),))``)."""
+        return (bool(self.plan.built_in_init) and key_at(self, node) != self.plan.setup) or self._runs_early
+
+    def _model_runs_early(self, module: cst.Module) -> bool:
+        """Does the setup block run a model between its construction and ``prepare`` (a forward, or
+        the model handed to a function: a FLOPs count, a summary)? There it is still where the
+        script put it; removed, that placement would leave it on the host beside inputs on the
+        device."""
+        root = scope_root(module, self.plan.setup)
+        located = locate_setup(root, set(self.plan.anchors()), trainer_functions(module),
+                               touches=self.plan.touches()) if root is not None else None
+        if located is None:
+            return False
+        block, index = located
+        models = self.plan.flow["model"]
+        placed = False
+        local = {s.name.value for s in module.body if isinstance(s, cst.FunctionDef)}
+        for stmt in block.body[:index]:
+            calls = [n for n in descendants(stmt, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) if isinstance(n, cst.Call)]
+            if placed and any(self._runs(call, models, local) for call in calls):
+                return True
+            assign = simple_assign(stmt)
+            binds_model = assign is not None and any(ref_of(self, t.target) in models for t in assign.targets)
+            placed = placed or any(self._placement(call) and (binds_model or self._is_model(call.func.value))  # type: ignore[attr-defined]
+                                   for call in calls)
+        return False
+
+    def _runs(self, call: cst.Call, models: set, local: set[str]) -> bool:
+        """``model(x)``, or the model handed to a function of another package (``profile(model, ...)``,
+        ``summary(model, ...)``): not to a builtin that only looks at it, a DataParallel wrapper, nor a
+        function of this file."""
+        if ref_of(self, call.func) in models:
+            return True
+        if not any(isinstance(a.value, cst.Name) and ref_of(self, a.value) in models for a in call.args):
+            return False
+        if isinstance(call.func, cst.Name) and (call.func.value in _INERT or call.func.value in local):
+            return False
+        return not has_qname(self, call.func, DATA_PARALLEL)
 
     def _is_model(self, expr: cst.BaseExpression) -> bool:
         """``model``, ``model.encoder[0]``, ``model.half()``: the model or a part of it, not what a

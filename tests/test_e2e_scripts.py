@@ -74,6 +74,7 @@ RUNNABLE = {
     "host_inputs": Expect(),
     "frozen_backbone": Expect(),
     "device_option": Expect(evals=("Test set",), saves=("model.pt",)),
+    "config_device": Expect(),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).

@@ -98,3 +98,20 @@ def test_on_an_accelerator_the_converted_script_runs_with_the_gpu_rules(tmp_path
                    tmp_path, script_env())
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "Test set:" in proc.stdout and f"device ['{device}']" in proc.stdout
+
+
+def test_a_configurations_device_is_the_training_device() -> None:
+    out = convert((FIXTURES / "config_device" / "before.py").read_text()).output
+    assert 'accelerator = Accelerator(cpu=str(args.device) == "cpu")' in out  # a torch.device or a string
+    assert "Noise(scale=0.01, device=accelerator.device)" in out and "    device = args.device\n" not in out
+
+
+def test_a_tensors_device_is_no_configuration() -> None:
+    """`device = src.device` in a helper is where that tensor is (the word language model's
+    `batchify`): not taken for a device the user chose."""
+    source = (FIXTURES / "config_device" / "before.py").read_text().replace(
+        "class Noise:", "def on_its_device(src):\n    device = src.device\n    return src.to(device)\n\n\nclass Noise:")
+    plain = convert((FIXTURES / "config_device" / "before.py").read_text())
+    with_helper = convert(source)
+    assert with_helper.changed and [f.code for f in with_helper.findings] == [f.code for f in plain.findings]
+    assert "device = src.device" in with_helper.output

@@ -14,6 +14,7 @@ ACC123 and ACC134; the note ACC124.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
@@ -24,7 +25,7 @@ from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
 from accelify.queries.blocks import enclosing_function
 from accelify.queries.loops import peel_iterable
-from accelify.queries.names import DATALOADERS, code_of, has_qname, string_value
+from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, string_value
 from accelify.queries.refs import assigned_values, receiver_refs, ref_of
 from accelify.queries.walk import findall
 
@@ -43,8 +44,20 @@ _TENSOR_FACTORIES = frozenset(
 def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     """False (ACC121, reported at the first optimizer) when the script trains on tensors it makes by
     hand and places nothing: ``prepare`` would move the model and leave the data on the CPU."""
-    if plan.devices or plan.has_accelerator or ".cuda(" in facts.module.code:
+    if plan.devices or plan.has_accelerator or ".cuda(" in facts.module.code or _placed_by_option(facts):
         return True  # the script places things itself: it already moves what it makes
+    placer = _foreign_placement(facts)
+    if placer is not None:
+        call, module = placer
+        facts.finding(
+            plan, call, "ACC135",
+            f"the script places its tensors through `{code_of(call.func)}`, a function of {module} that accelify "
+            "does not read: it cannot tell what that moves where (`prepare` places the model and the batches "
+            "itself). File not converted.",
+            f"place with `.to(device)` in this file, or convert `{code_of(call.func)}` by hand to use "
+            "`accelerator.device`.",
+        )
+        return False
     moved = _model_moved(facts, plan)
     if moved is not None:
         device = code_of(moved.args[0].value)
@@ -85,6 +98,29 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
         )
         return False
     return True
+
+
+def _placed_by_option(facts: Facts) -> bool:
+    """``.to(args.device)`` of the ``--device`` option (accelify.analyses.option_devices)."""
+    return any(m.matches(c.func, m.Attribute(attr=m.Name("to"))) and c.args and is_option_device(facts, c.args[0].value)
+               for c in facts.calls)
+
+
+#: names of helpers that place what they are handed (``cuda(x, use_cuda)``, ``to_device(batch, device)``)
+_PLACERS = re.compile(r"(?i)^(cuda|to_cuda|to_device|to_gpu|move_to(_device)?|send_to_device|var_cuda)$")
+
+
+def _foreign_placement(facts: Facts) -> Optional[tuple[cst.Call, str]]:
+    """A call of a placement helper of another module (``from utils import cuda``), with how to
+    name that module."""
+    for call in facts.calls:
+        func = call.func
+        if not isinstance(func, cst.Name) or not _PLACERS.match(func.value) or func.value in facts.functions:
+            continue
+        module = _foreign_module(facts, func)
+        if module is not None:
+            return call, module
+    return None
 
 
 def _model_moved(facts: Facts, plan: Plan) -> Optional[cst.Call]:
@@ -206,6 +242,18 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                     "`accelerator.prepare(...)` call.",
                 )
                 return False
+        foreign = next((f for loop in loops if (f := _foreign_source(facts, loop.iter)) is not None), None)
+        if foreign is not None:
+            call, module = foreign
+            facts.finding(
+                plan, call, "ACC135",
+                f"the training data comes from `{code_of(call)}`, a function of {module} that accelify does not "
+                "read: it cannot tell whether that is a DataLoader `prepare` should shard (left as it is, every "
+                "process would draw its own batches). File not converted.",
+                "build the DataLoader in this file, or pass what the function returns through "
+                "`accelerator.prepare(...)` by hand.",
+            )
+            return False
         if not reported:
             reported = True
             drawn = _unseeded_draw(facts)
@@ -229,6 +277,59 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 "slice it per process with `accelerator.split_between_processes`.",
             )
     return True
+
+
+#: packages whose functions accelify knows do not return a DataLoader to prepare (their data is
+#: no DataLoader: ACC124 / ACC134 say what that means)
+_KNOWN_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "numpy", "random", "itertools",
+                             "builtins", "math", "tqdm", "datasets", "transformers", "os", "glob", "json", "pandas"})
+
+
+def _foreign_source(facts: Facts, iterable: cst.BaseExpression) -> Optional[tuple[cst.Call, str]]:
+    """The call of a function defined in another module (``from utils import get_data``, or a name a
+    ``from utils import *`` brings) that the loop's data comes from (through a few assignments),
+    with how to name that module; None when the data comes from this file or a known package."""
+    expr = peel_iterable(facts, iterable)
+    for _ in range(4):
+        if isinstance(expr, cst.Call):
+            break
+        values = facts.bound_values(expr)
+        if len(values) != 1:
+            return None
+        expr = peel_iterable(facts, values[0])
+    if not isinstance(expr, cst.Call) or not isinstance(expr.func, (cst.Name, cst.Attribute)):
+        return None
+    func = expr.func
+    if isinstance(func, cst.Name) and func.value in facts.functions:
+        return None
+    module = _foreign_module(facts, func)
+    return (expr, module) if module is not None else None
+
+
+def _foreign_module(facts: Facts, func: cst.BaseExpression) -> Optional[str]:
+    """How to name the module ``func`` comes from when it is another module of the project
+    (imported by name, or brought by a ``from utils import *``), not a known package's nor this
+    file's; None otherwise."""
+    root = func
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    if not isinstance(root, cst.Name):
+        return None
+    names = qualified_names(facts, func)
+    if names:
+        foreign = sorted(n for n in names if "." in n.lstrip(".") and n.lstrip(".").split(".")[0] not in _KNOWN_PACKAGES)
+        if not foreign or len(foreign) != len(names):
+            return None  # a known package's, or a name of this file (a class, a variable)
+        return f"`{foreign[0].rpartition('.')[0]}`"
+    scope = facts.get_metadata(ScopeProvider, root, None)
+    if scope is not None and not list(scope[root.value]) and _star_imports(facts):
+        return "a module imported with `*` (" + ", ".join(f"`{m}`" for m in _star_imports(facts)) + ")"
+    return None
+
+
+def _star_imports(facts: Facts) -> list[str]:
+    return [code_of(s.module) for s in findall(facts.module, m.ImportFrom())  # type: ignore[attr-defined]
+            if isinstance(s.names, cst.ImportStar) and s.module is not None]  # type: ignore[attr-defined]
 
 
 _RANDOM_DRAWS = frozenset({

@@ -38,26 +38,55 @@ _OPTIONS = frozenset({"--device"})
 #: what a default may be: a device type, optionally with an index
 _DEVICE_STRING = re.compile(r"(cuda|xpu|npu|mps|cpu)(:\d+)?")
 _PARSE = m.Call(func=m.Attribute(attr=m.Name("parse_args")))
+#: names a device variable has
+_DEVICE_NAMES = frozenset({"device", "dev"})
+#: names of configuration objects (a tensor's ``x.device`` is where that tensor is, not a choice)
+_CONFIG_NAMES = frozenset({"args", "opt", "opts", "config", "cfg", "conf", "hparams", "hp", "params", "options",
+                           "flags", "FLAGS", "settings", "hyperparams", "train_args", "training_args"})
 
 
-def find(facts: Facts) -> Optional[tuple[Ref, str]]:
-    """``(ref of args, "device")`` when the file parses one namespace that has a ``--device``
+def find(facts: Facts) -> Optional[tuple[Ref, str, bool]]:
+    """``(ref of args, "device", True)`` when the file parses one namespace that has a ``--device``
     option whose default is a device string (``"cuda"``, ``"cuda:0"``, ``"cpu"``, or ``"cuda"
-    if torch.cuda.is_available() else "cpu"``); None otherwise."""
+    if torch.cuda.is_available() else "cpu"``); ``(ref of cfg, "device", False)`` when the device
+    comes from a configuration object (``device = args.device``, ``device = cfg.device``, the
+    object a parameter or a name of the file): its value may be a string or a ``torch.device``.
+    None otherwise."""
     options = [c for c in facts.calls if m.matches(c.func, m.Attribute(attr=m.Name("add_argument")))
                and any(string_value(a.value) in _OPTIONS for a in c.args if a.keyword is None)]
-    if len(options) != 1:
+    if len(options) > 1:
         return None
-    option = options[0]
-    dest = next((string_value(a.value) for a in option.args if a.keyword is not None and a.keyword.value == "dest"),
-                "device")
-    default = next((a.value for a in option.args if a.keyword is not None and a.keyword.value == "default"), None)
-    if dest is None or default is None or not _device_default(default):
-        return None
-    namespaces = [ref for ref, assigns in facts.assigns.items() if any(m.matches(a.value, _PARSE) for a in assigns)]
-    if len(namespaces) != 1 or len(facts.assigns[namespaces[0]]) != 1:
-        return None
-    return namespaces[0], dest
+    if options:
+        option = options[0]
+        dest = next((string_value(a.value) for a in option.args
+                     if a.keyword is not None and a.keyword.value == "dest"), "device")
+        default = next((a.value for a in option.args if a.keyword is not None and a.keyword.value == "default"), None)
+        if dest is None or default is None or not _device_default(default):
+            return None
+        namespaces = [ref for ref, assigns in facts.assigns.items() if any(m.matches(a.value, _PARSE) for a in assigns)]
+        if len(namespaces) != 1 or len(facts.assigns[namespaces[0]]) != 1:
+            return None
+        return namespaces[0], dest, True
+    return _configured(facts)
+
+
+def _configured(facts: Facts) -> Optional[tuple[Ref, str, bool]]:
+    """``device = args.device`` (``cfg.device``, ``opt.device``): one configuration object, named as
+    configurations are (``args``, ``opt``, ``cfg``, ``config``, ...), whose ``device`` a device
+    variable is bound to (a tensor's ``src.device`` is where that tensor is, not a choice)."""
+    found = set()
+    for ref, assigns in facts.assigns.items():
+        if ref[1] not in _DEVICE_NAMES:
+            continue
+        for assign in assigns:
+            value = assign.value
+            if isinstance(value, cst.Attribute) and value.attr.value == "device" and isinstance(value.value, cst.Name) \
+                    and value.value.value in _CONFIG_NAMES:
+                root = ref_of(facts, value.value)
+                if root is None:
+                    return None
+                found.add(root)
+    return (next(iter(found)), "device", False) if len(found) == 1 else None
 
 
 def _device_default(expr: cst.BaseExpression) -> bool:
@@ -65,6 +94,11 @@ def _device_default(expr: cst.BaseExpression) -> bool:
         return _device_default(expr.body) and _device_default(expr.orelse)
     text = string_value(expr)
     return text is not None and _DEVICE_STRING.fullmatch(text) is not None
+
+
+def _named(option: tuple[Ref, str, bool]) -> str:
+    """How a finding names the option: ``--device``, or ``args.device`` for a configuration."""
+    return f"--{option[1]}" if option[2] else f"{option[0][1]}.{option[1]}"
 
 
 def decide(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
@@ -88,11 +122,12 @@ def decide(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
             f"pass the device to `{function}` (`accelerator.device`) instead of reading it from the options.",
         )
         return False
-    flag = f'{code_of(reads[0])} == "cpu"'
+    read = code_of(reads[0])
+    flag = f'{read} == "cpu"' if option[2] else f'str({read}) == "cpu"'
     if plan.cpu_flag is not None and plan.cpu_flag != flag:
         facts.finding(
             plan, reads[0], "ACC102",
-            f"the CPU is chosen both by `--{option[1]}` and by `{plan.cpu_flag}`: no single "
+            f"the CPU is chosen both by `{_named(option)}` and by `{plan.cpu_flag}`: no single "
             "`Accelerator(cpu=...)` says the same. File not converted.",
             "choose the device in one place.",
         )
@@ -101,7 +136,7 @@ def decide(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
         facts.finding(
             plan, reads[0], "ACC108",
             f"`{code_of(reads[0])}` is parsed after the model is built: the Accelerator, created before it, "
-            f"cannot keep `--{option[1]} cpu` on the CPU. File not converted.",
+            f"cannot keep `{_named(option)}` on the CPU when it says so. File not converted.",
             "parse the options before building the model.",
         )
         return False
@@ -109,7 +144,7 @@ def decide(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
     return True
 
 
-def _handed(facts: Facts, plan: Plan, option: tuple[Ref, str]) -> Optional[tuple[str, cst.Attribute]]:
+def _handed(facts: Facts, plan: Plan, option: tuple[Ref, str, bool]) -> Optional[tuple[str, cst.Attribute]]:
     """A function of the file handed the namespace (``train(args, model)``) that reads the option
     on its parameter: its name and the read."""
     functions = {f.name.value: f for f in findall(facts.module, m.FunctionDef())}  # type: ignore[attr-defined]

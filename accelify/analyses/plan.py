@@ -74,8 +74,9 @@ class Plan:
     string_devices: set[str] = field(default_factory=set)
     #: ``Accelerator(cpu=<this>)`` when the device depended on a flag
     cpu_flag: Optional[str] = None
-    #: the ``--device`` option read as the training device: (ref of the parsed namespace, its attribute)
-    option_device: Optional[tuple[Ref, str]] = None
+    #: the device an option or a configuration chose: (ref of the namespace, its attribute, whether it is
+    #: an argparse ``--device`` option, a string; else a configuration's, a string or a ``torch.device``)
+    option_device: Optional[tuple[Ref, str, bool]] = None
     #: ``Accelerator(mixed_precision=<this>)`` when a GradScaler/autocast is replaced
     mixed_precision: Optional[str] = None
     #: GradScaler names in the setup scope, replaced by the Accelerator's own scaling

@@ -239,11 +239,20 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     return True
 
 
+_EXITS = m.Expr(m.Call(func=m.Name("exit") | m.Name("quit") | m.Attribute(value=m.Name("sys"), attr=m.Name("exit"))))
+
+
+def _leaves(stmt: cst.SimpleStatementLine) -> bool:
+    """``raise ...``, ``return``, ``sys.exit(...)``: the path ends here."""
+    return any(isinstance(small, (cst.Raise, cst.Return)) or m.matches(small, _EXITS) for small in stmt.body)
+
+
 def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
     """Is ``name`` bound whatever path runs through ``stmts`` (both branches of an if/else, the
-    body of a ``with`` or ``try``)?"""
+    body of a ``with`` or ``try``)? A path that raises or leaves (``else: raise ValueError(...)``
+    after an ``if``/``elif`` per choice of an option) never reaches ``prepare``: it counts as bound."""
     for stmt in stmts:
-        if isinstance(stmt, cst.SimpleStatementLine) and binds(stmt, {name}):
+        if isinstance(stmt, cst.SimpleStatementLine) and (binds(stmt, {name}) or _leaves(stmt)):
             return True
         if isinstance(stmt, cst.If) and stmt.orelse is not None:
             branches = [stmt.body, stmt.orelse.body if isinstance(stmt.orelse, cst.Else) else None]

@@ -94,6 +94,9 @@ FINDINGS: dict[str, str] = {
     "ACC134": "The training data is no DataLoader and is drawn at random without a seed (`random.shuffle`, "
     "`torch.randperm`, random offsets): every process would draw its own batches, so each step would average N "
     "different batches and an epoch would be N passes, not the one-process training: file left unchanged.",
+    "ACC135": "The training data, or the placement of the tensors, comes from a function of another module (`from "
+    "utils import get_data`, `cuda(x, use_cuda)`, or a name a `from utils import *` brings), which accelify does "
+    "not read: whether it is a DataLoader to shard, or what it moves where, is unknown: file left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
     # ACC14x: notebooks (ACC13x is left to the analysis of scripts).

@@ -73,6 +73,15 @@ def assigned_values(visitor: cst.MetadataDependent, name: cst.Name) -> list[cst.
     for assignment in scope[name.value] if scope is not None else ():
         node = getattr(assignment, "node", None)
         target = visitor.get_metadata(ParentNodeProvider, node, None) if isinstance(node, cst.Name) else None
+        if isinstance(target, cst.Element):  # `total, bar = 0, tqdm(loader)`: the value in the same place
+            packed = visitor.get_metadata(ParentNodeProvider, target, None)
+            holder = visitor.get_metadata(ParentNodeProvider, packed, None)
+            assign = visitor.get_metadata(ParentNodeProvider, holder, None) if isinstance(holder, cst.AssignTarget) else None
+            if isinstance(packed, (cst.Tuple, cst.List)) and isinstance(assign, cst.Assign) and isinstance(
+                    assign.value, (cst.Tuple, cst.List)) and len(assign.value.elements) == len(packed.elements) \
+                    and not any(isinstance(e, cst.StarredElement) for e in (*packed.elements, *assign.value.elements)):
+                values.append(assign.value.elements[packed.elements.index(target)].value)
+            continue
         assign = visitor.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
         if isinstance(assign, cst.Assign):
             values.append(assign.value)

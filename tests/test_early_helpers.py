@@ -1,0 +1,81 @@
+"""A helper the script calls before the Accelerator exists (makemore's `create_datasets`, called
+before the model is built) keeps its prints: `accelerator.print` there would be a NameError."""
+
+from __future__ import annotations
+
+import pytest
+
+import accelify.core.pipeline as pipeline
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def load(n):
+    print("examples:", n)
+    return TensorDataset(torch.randn(n, 4), torch.randn(n, 2))
+
+
+def report(loss):
+    print("loss", loss)
+
+
+if __name__ == "__main__":
+    data = load(8)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(data, batch_size=2)
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        report(loss.item())
+"""
+
+
+def test_a_helper_called_before_the_accelerator_keeps_print_and_one_called_after_does_not() -> None:
+    result = pipeline.convert_source(SCRIPT, "train.py")
+    assert result.error is None and result.changed
+    out = result.output
+    assert '    print("examples:", n)' in out  # load() runs before `accelerator = Accelerator()`
+    assert '    accelerator.print("loss", loss)' in out  # report() runs after it
+    assert out.index("accelerator = Accelerator()") > out.index("data = load(8)")
+    namespace: dict = {}
+    exec(compile(out.replace('if __name__ == "__main__":', "if False:"), "train.py", "exec"), namespace)
+
+
+def test_through_another_helper() -> None:
+    source = SCRIPT.replace("def load(n):\n", "def load(n):\n    return make(n)\n\n\ndef make(n):\n")
+    out = pipeline.convert_source(source, "train.py").output
+    assert '    print("examples:", n)' in out and "accelerator.print(\"examples" not in out
+
+
+def test_a_helper_that_needs_the_accelerator_before_it_exists_leaves_the_file_unchanged() -> None:
+    """`load()` would read `accelerator.device` before the Accelerator exists: no file that fails
+    with a NameError; the file is left as it is, with the reason (as an internal error for now)."""
+    source = SCRIPT.replace('    print("examples:", n)\n', '    print("examples:", n)\n    torch.zeros(1).cuda()\n')
+    result = pipeline.convert_source(source, "train.py")
+    assert not result.changed and result.output == source
+    assert "`load` reads the Accelerator and runs before it is created" in result.error
+
+
+def test_a_model_run_before_prepare_keeps_its_placement() -> None:
+    """SimCLR: `model = Model().cuda()` then `profile(model, inputs=(torch.randn(...).cuda(),))`
+    before the optimizer: the model must be on the device where the input is. A model only
+    handed to a helper of this file, or printed, loses its placement as usual."""
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom thop import profile\n"
+        "model = torch.nn.Linear(4, 2).cuda()\nflops = profile(model, inputs=(torch.randn(1, 4).cuda(),))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)\n"
+        "for x, y in loader:\n    x, y = x.cuda(), y.cuda()\n    loss = ((model(x) - y) ** 2).mean()\n"
+        "    loss.backward()\n    opt.step()\n"
+    )
+    out = pipeline.convert_source(source, "train.py").output
+    assert "model = torch.nn.Linear(4, 2).to(accelerator.device)" in out
+    assert "profile(model, inputs=(torch.randn(1, 4).to(accelerator.device),))" in out
+    assert "x, y = x.cuda()" not in out
+    printed = pipeline.convert_source(source.replace("flops = profile(model, inputs=(torch.randn(1, 4).cuda(),))",
+                                                     "print(model)"), "train.py").output
+    assert "model = torch.nn.Linear(4, 2)\n" in printed
