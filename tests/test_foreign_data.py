@@ -88,3 +88,19 @@ def test_data_unpacked_beside_other_names_is_still_the_loader() -> None:
             "        optimizer.step()\n        total += loss.item()\n    return total\ntrain(model, loader, opt)\n")
     result = pipeline.convert_source(text, "train.py")
     assert result.changed and "ACC124" not in {f.code for f in result.findings}
+
+
+def test_objects_handed_to_a_trainer_of_another_module_are_a_true_refusal() -> None:
+    """BYOL's main.py builds the networks and the optimizer and hands them to `BYOLTrainer` from
+    trainer.py, which holds the loop: converting main.py alone would be half a conversion."""
+    text = ("import torch\nfrom trainer import BYOLTrainer\nfrom utils import make_scheduler\n"
+            "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "net = torch.nn.Linear(4, 2).to(device)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+            "sched = make_scheduler(opt)\ntrainer = BYOLTrainer(net, optimizer=opt, device=device)\ntrainer.train()\n")
+    result = pipeline.convert_source(text, "main.py")
+    assert not result.changed and [(f.code, f.line) for f in result.findings] == [("ACC135", 8)]
+    assert "handed to `BYOLTrainer`, of `trainer`" in result.findings[0].message
+    # a scheduler factory that only takes the optimizer is not where training happens
+    alone = pipeline.convert_source(text.replace("trainer = BYOLTrainer(net, optimizer=opt, device=device)\n"
+                                                 "trainer.train()\n", ""), "main.py")
+    assert "handed to `make_scheduler`" not in " ".join(f.message for f in alone.findings)

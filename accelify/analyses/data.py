@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider, ScopeProvider
+from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
@@ -98,6 +98,39 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
         )
         return False
     return True
+
+
+#: what a function or class that trains is called
+_TRAINS = re.compile(r"(?i)train|fit|solver|engine|runner|learner")
+
+
+def trained_here(facts: Facts, plan: Plan, optimizers) -> bool:
+    """False (ACC135) when the file builds its optimizer but runs no backward: the objects are
+    handed to code of another module that trains them (BYOL's ``BYOLTrainer(online_network,
+    predictor, optimizer, ...)`` from ``trainer.py``). Converting this file alone would prepare
+    them and leave that code's data and backward pass as they were."""
+    if facts.backwards or plan.evaluation:
+        return True
+    refs = set(optimizers)
+    models = {ref_of(facts, e) for _, exprs in optimizers.values() for e in exprs} - {None}
+    handed = None
+    for call in facts.calls:
+        given = {ref_of(facts, a.value) for a in call.args}
+        if given & refs and (given & models or _TRAINS.search(code_of(call.func))) \
+                and _foreign_module(facts, call.func) is not None:
+            handed = call
+            break
+    if handed is None:
+        return True  # nothing to say it goes elsewhere: the analyses that follow decide
+    facts.finding(
+        plan, handed, "ACC135",
+        f"the optimizer is handed to `{code_of(handed.func)}`, of {_foreign_module(facts, handed.func)}, which trains "
+        "in a module accelify does not read (this file runs no backward): converting this file alone would "
+        "prepare the model and leave that module's data and backward pass as they are. File not converted.",
+        f"convert the training loop where it is (`accelerator.prepare(...)` of its data, "
+        f"`accelerator.backward(loss)`), or move the loop into this file.",
+    )
+    return False
 
 
 def _placed_by_option(facts: Facts) -> bool:
@@ -315,7 +348,10 @@ def _foreign_module(facts: Facts, func: cst.BaseExpression) -> Optional[str]:
         root = root.value
     if not isinstance(root, cst.Name):
         return None
-    names = qualified_names(facts, func)
+    names = {q.name for q in facts.get_metadata(QualifiedNameProvider, func, set())
+             if q.source is QualifiedNameSource.IMPORT}
+    if not names and qualified_names(facts, func):
+        return None  # a name of this file (a class, a variable, the accelerator)
     if names:
         foreign = sorted(n for n in names if "." in n.lstrip(".") and n.lstrip(".").split(".")[0] not in _KNOWN_PACKAGES)
         if not foreign or len(foreign) != len(names):

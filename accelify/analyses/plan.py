@@ -287,8 +287,9 @@ def _decide(facts: Facts) -> Plan:
         state["scheduler_calls"] = calls = schedulers.decide(facts, plan, state["in_owner"], set(optimizers))
         return calls is not None
 
+    blockers.step("trained", (), lambda: data.trained_here(facts, plan, optimizers))
     blockers.step("distributed", (), lambda: distributed.decide(facts, plan))
-    blockers.step("setup", (), lambda: prepare_point.setup_scope(facts, plan, optimizers, first))
+    blockers.step("setup", ("trained",), lambda: prepare_point.setup_scope(facts, plan, optimizers, first))
     blockers.step("spelling", ("setup",), lambda: accelerator.spelling(facts, plan))
     blockers.step("objects", ("setup",), objects_step)
     blockers.step("reaches", ("objects",), lambda: prepare_point.reaches_training(facts, plan, first))
