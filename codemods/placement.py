@@ -418,6 +418,9 @@ class RemovePlacement(AccelifyCodemod):
         elif method == "to" and isinstance(first, (cst.Name, cst.Attribute)) and ref_of(self, first) not in self.plan.flow["device"]:
             name = cst.Module(body=[]).code_for_node(first)
             root = root_name(receiver)
+            # a module built around the model (pytorch-ddpm's `GaussianDiffusionTrainer(net_model, ...).to(device)`)
+            holds_model = isinstance(receiver, cst.Call) and any(self._is_model(a.value) for a in receiver.args)
+            on_model = on_model or holds_model
             training_data = on_model or (root is not None and root.value in self._current_derived())
             if not training_data or not _DEVICE_LIKE.search(name) or name.endswith(".device"):
                 return

@@ -79,3 +79,24 @@ def test_a_model_run_before_prepare_keeps_its_placement() -> None:
     printed = pipeline.convert_source(source.replace("flops = profile(model, inputs=(torch.randn(1, 4).cuda(),))",
                                                      "print(model)"), "train.py").output
     assert "model = torch.nn.Linear(4, 2)\n" in printed
+
+
+def test_a_module_built_around_the_model_moved_to_a_module_level_device_is_a_true_refusal() -> None:
+    """pytorch-ddpm: `device = torch.device('cuda:0')` at module level, and in `train()`
+    `trainer = GaussianDiffusionTrainer(net_model, ...).to(device)`: after `prepare` that would move
+    every process's model to GPU 0."""
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "device = torch.device('cuda:0')\n\n\nclass Wrapper(torch.nn.Module):\n"
+        "    def __init__(self, model):\n        super().__init__()\n        self.model = model\n\n"
+        "    def forward(self, x, y):\n        return ((self.model(x) - y) ** 2).mean()\n\n\n"
+        "def train():\n    net = torch.nn.Linear(4, 2)\n    opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)\n"
+        "    trainer = Wrapper(net).to(device)\n    for x, y in loader:\n"
+        "        loss = trainer(x.to(device), y.to(device))\n        loss.backward()\n        opt.step()\n\n\n"
+        "train()\n"
+    )
+    result = pipeline.convert_source(source, "train.py")
+    assert not result.changed
+    assert "ACC108" in {f.code for f in result.findings}
+    assert any("chosen outside the function that trains" in f.message for f in result.findings)

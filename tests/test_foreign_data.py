@@ -104,3 +104,21 @@ def test_objects_handed_to_a_trainer_of_another_module_are_a_true_refusal() -> N
     alone = pipeline.convert_source(text.replace("trainer = BYOLTrainer(net, optimizer=opt, device=device)\n"
                                                  "trainer.train()\n", ""), "main.py")
     assert "handed to `make_scheduler`" not in " ".join(f.message for f in alone.findings)
+
+
+def test_an_optimizer_chosen_by_every_allowed_choice_is_bound_on_every_path() -> None:
+    """DINO: `if args.optimizer == "adamw": ... elif ... == "sgd": ... elif ... == "lars":` with
+    `choices=['adamw', 'sgd', 'lars']`: argparse allows nothing else (was a false ACC104)."""
+    text = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "parser = argparse.ArgumentParser()\n"
+            "parser.add_argument('--optimizer', default='adamw', choices=['adamw', 'sgd'])\n"
+            "args = parser.parse_args()\nmodel = torch.nn.Linear(4, 2)\n"
+            "if args.optimizer == 'adamw':\n    opt = torch.optim.AdamW(model.parameters())\n"
+            "elif args.optimizer == 'sgd':\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)\n"
+            "for x, y in loader:\n    loss = ((model(x) - y) ** 2).mean()\n    loss.backward()\n    opt.step()\n")
+    result = pipeline.convert_source(text, "train.py")
+    assert result.changed and "ACC104" not in {f.code for f in result.findings}
+    wider = pipeline.convert_source(text.replace("choices=['adamw', 'sgd']", "choices=['adamw', 'sgd', 'lars']"),
+                                    "train.py")
+    assert not wider.changed and [f.code for f in wider.findings] == ["ACC104"]

@@ -23,7 +23,7 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import Optimizers
 from accelify.queries.blocks import binds, scope_root
-from accelify.queries.names import code_of
+from accelify.queries.names import code_of, string_value
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.training import BACKWARD, bound_again, locate_setup, trains
 from accelify.queries.walk import findall
@@ -200,8 +200,9 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
                     f"`{plan.accelerator}.prepare(...)`.",
                 )
                 return False
+    exhaustive = _exhaustive_choices(facts)
     for name in names:
-        if not _bound_on_all_paths(block.body[:index], name):
+        if not _bound_on_all_paths(block.body[:index], name, exhaustive):
             facts.finding(
                 plan, next((st for st in block.body[:index] if binds(st, {name})), block.body[index - 1]), "ACC104",
                 f"`{name}` is bound only under a condition: `prepare` after it would read a name that may not "
@@ -247,21 +248,65 @@ def _leaves(stmt: cst.SimpleStatementLine) -> bool:
     return any(isinstance(small, (cst.Raise, cst.Return)) or m.matches(small, _EXITS) for small in stmt.body)
 
 
-def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
+def _exhaustive_choices(facts: Facts):
+    """A test of an ``if``/``elif`` chain with no ``else``: does the chain compare one option with
+    every value its ``choices=[...]`` allow (DINO: ``if args.optimizer == "adamw": ... elif ... ==
+    "sgd": ... elif ... == "lars":`` with ``choices=['adamw', 'sgd', 'lars']``)? argparse rejects
+    any other value, so one branch always runs."""
+    choices: dict[str, set[str]] = {}
+    for call in facts.calls:
+        if not m.matches(call.func, m.Attribute(attr=m.Name("add_argument"))) or not call.args:
+            continue
+        option = string_value(call.args[0].value)
+        listed = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "choices"), None)
+        if option is None or not option.startswith("--") or not isinstance(listed, (cst.List, cst.Tuple, cst.Set)):
+            continue
+        values = {string_value(e.value) for e in listed.elements}
+        if None not in values:
+            choices[option[2:].replace("-", "_")] = values  # type: ignore[assignment]
+
+    def exhaustive(chain: cst.If) -> bool:
+        seen: set[str] = set()
+        attrs: set[str] = set()
+        node: object = chain
+        while isinstance(node, cst.If):
+            test = node.test
+            if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+                    and isinstance(test.comparisons[0].operator, cst.Equal)
+                    and isinstance(test.left, cst.Attribute) and isinstance(test.left.value, cst.Name)
+                    and string_value(test.comparisons[0].comparator) is not None):
+                return False
+            attrs.add(test.left.attr.value)
+            seen.add(string_value(test.comparisons[0].comparator))  # type: ignore[arg-type]
+            node = node.orelse
+        return node is None and len(attrs) == 1 and next(iter(attrs)) in choices and choices[next(iter(attrs))] <= seen
+
+    return exhaustive
+
+
+def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str, exhaustive=None) -> bool:
     """Is ``name`` bound whatever path runs through ``stmts`` (both branches of an if/else, the
     body of a ``with`` or ``try``)? A path that raises or leaves (``else: raise ValueError(...)``
     after an ``if``/``elif`` per choice of an option) never reaches ``prepare``: it counts as bound."""
     for stmt in stmts:
         if isinstance(stmt, cst.SimpleStatementLine) and (binds(stmt, {name}) or _leaves(stmt)):
             return True
+        if isinstance(stmt, cst.If) and exhaustive is not None and exhaustive(stmt):
+            branches_ = []
+            node_: object = stmt
+            while isinstance(node_, cst.If):
+                branches_.append(node_.body)
+                node_ = node_.orelse
+            if all(isinstance(b, cst.IndentedBlock) and _bound_on_all_paths(b.body, name, exhaustive) for b in branches_):
+                return True
         if isinstance(stmt, cst.If) and stmt.orelse is not None:
             branches = [stmt.body, stmt.orelse.body if isinstance(stmt.orelse, cst.Else) else None]
             orelse = stmt.orelse
             if isinstance(orelse, cst.If):  # elif: the rest of the chain is one statement
                 branches[1] = cst.IndentedBlock(body=[orelse])
-            if all(isinstance(b, cst.IndentedBlock) and _bound_on_all_paths(b.body, name) for b in branches):
+            if all(isinstance(b, cst.IndentedBlock) and _bound_on_all_paths(b.body, name, exhaustive) for b in branches):
                 return True
         if isinstance(stmt, (cst.With, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
-            if _bound_on_all_paths(stmt.body.body, name):
+            if _bound_on_all_paths(stmt.body.body, name, exhaustive):
                 return True
     return False
