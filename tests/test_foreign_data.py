@@ -122,3 +122,21 @@ def test_an_optimizer_chosen_by_every_allowed_choice_is_bound_on_every_path() ->
     wider = pipeline.convert_source(text.replace("choices=['adamw', 'sgd']", "choices=['adamw', 'sgd', 'lars']"),
                                     "train.py")
     assert not wider.changed and [f.code for f in wider.findings] == ["ACC104"]
+
+
+def test_processes_managed_by_a_module_of_the_project_are_a_true_refusal() -> None:
+    """rosinality's vq-vae-2: `import distributed as dist` (its own module), `dist.launch(main, ...)`,
+    `dist.all_gather(...)`: converted beside it, two processes hung."""
+    text = ("import torch\nimport distributed as dist\nfrom functools import reduce\n"
+            "from torch.utils.data import DataLoader, TensorDataset\n\n\ndef main():\n"
+            "    model = torch.nn.Linear(4, 2)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)\n"
+            "    for x, y in loader:\n        loss = ((model(x) - y) ** 2).mean()\n        loss.backward()\n"
+            "        opt.step()\n        total = dist.all_gather(loss.item())\n\n\n"
+            "if __name__ == '__main__':\n    dist.launch(main, 2, 1, 0, 'auto')\n")
+    result = pipeline.convert_source(text, "train.py")
+    assert not result.changed and [f.code for f in result.findings] == ["ACC135"]
+    assert "manages its processes through `distributed`" in result.findings[0].message
+    plain = text.replace("        total = dist.all_gather(loss.item())\n", "        total = reduce(max, [1, 2])\n").replace(
+        "    dist.launch(main, 2, 1, 0, 'auto')\n", "    main()\n").replace("import distributed as dist\n", "")
+    assert pipeline.convert_source(plain, "train.py").changed  # functools.reduce is no collective

@@ -15,6 +15,7 @@ ACC123 and ACC134; the note ACC124.
 from __future__ import annotations
 
 import re
+import sys
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
@@ -131,6 +132,38 @@ def trained_here(facts: Facts, plan: Plan, optimizers) -> bool:
         f"`accelerator.backward(loss)`), or move the loop into this file.",
     )
     return False
+
+
+#: what the processes of a hand-written distributed run are managed with
+_PROCESS_PLUMBING = re.compile(r"^(launch|spawn|all_gather|all_reduce|reduce|broadcast|barrier|synchronize|get_rank|"
+                               r"get_world_size|get_local_rank|is_primary|is_main_process|data_sampler|init_distributed\w*"
+                               r"|setup_for_distributed|init_process_group)$")
+
+
+def processes_here(facts: Facts, plan: Plan) -> bool:
+    """False (ACC135) when the script manages its processes through a module of its own that
+    accelify does not read (rosinality's vq-vae-2: ``import distributed as dist``, then
+    ``dist.launch(main, n_gpu, ...)``, ``dist.all_gather(...)``, ``dist.data_sampler(...)``):
+    converted beside it, the script would start its own processes under the launcher's and
+    collect across them by hand (two processes were seen to hang)."""
+    for call in facts.calls:
+        func = call.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if not _PROCESS_PLUMBING.match(name):
+            continue
+        module = _foreign_module(facts, func)
+        if module is None:
+            continue
+        facts.finding(
+            plan, call, "ACC135",
+            f"`{code_of(func)}(...)`: the script manages its processes through {module}, which accelify does not "
+            "read: converted beside it, the script would start and synchronise processes of its own under "
+            "`accelerate launch`. File not converted.",
+            "replace that module's launch, rank and collective helpers with `accelerate launch` and the "
+            "Accelerator's (`accelerator.process_index`, `accelerator.gather`), then run accelify again.",
+        )
+        return False
+    return True
 
 
 def _placed_by_option(facts: Facts) -> bool:
@@ -318,6 +351,12 @@ _KNOWN_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "torchtext", 
                              "builtins", "math", "tqdm", "datasets", "transformers", "os", "glob", "json", "pandas"})
 
 
+#: the standard library's modules (functools.reduce is no collective)
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset({
+    "functools", "operator", "collections", "itertools", "os", "sys", "math", "random", "json", "pickle", "time",
+    "multiprocessing", "concurrent", "threading", "subprocess", "shutil", "pathlib", "glob", "re", "copy"})
+
+
 def _foreign_source(facts: Facts, iterable: cst.BaseExpression) -> Optional[tuple[cst.Call, str]]:
     """The call of a function defined in another module (``from utils import get_data``, or a name a
     ``from utils import *`` brings) that the loop's data comes from (through a few assignments),
@@ -353,7 +392,8 @@ def _foreign_module(facts: Facts, func: cst.BaseExpression) -> Optional[str]:
     if not names and qualified_names(facts, func):
         return None  # a name of this file (a class, a variable, the accelerator)
     if names:
-        foreign = sorted(n for n in names if "." in n.lstrip(".") and n.lstrip(".").split(".")[0] not in _KNOWN_PACKAGES)
+        foreign = sorted(n for n in names if "." in n.lstrip(".") and n.lstrip(".").split(".")[0] not in _KNOWN_PACKAGES
+                         and n.split(".")[0] not in _STDLIB)
         if not foreign or len(foreign) != len(names):
             return None  # a known package's, or a name of this file (a class, a variable)
         return f"`{foreign[0].rpartition('.')[0]}`"

@@ -288,7 +288,8 @@ def _decide(facts: Facts) -> Plan:
         return calls is not None
 
     blockers.step("trained", (), lambda: data.trained_here(facts, plan, optimizers))
-    blockers.step("distributed", (), lambda: distributed.decide(facts, plan))
+    blockers.step("processes", (), lambda: data.processes_here(facts, plan))
+    blockers.step("distributed", ("processes",), lambda: distributed.decide(facts, plan))
     blockers.step("setup", ("trained",), lambda: prepare_point.setup_scope(facts, plan, optimizers, first))
     blockers.step("spelling", ("setup",), lambda: accelerator.spelling(facts, plan))
     blockers.step("objects", ("setup",), objects_step)
