@@ -140,3 +140,15 @@ def test_processes_managed_by_a_module_of_the_project_are_a_true_refusal() -> No
     plain = text.replace("        total = dist.all_gather(loss.item())\n", "        total = reduce(max, [1, 2])\n").replace(
         "    dist.launch(main, 2, 1, 0, 'auto')\n", "    main()\n").replace("import distributed as dist\n", "")
     assert pipeline.convert_source(plain, "train.py").changed  # functools.reduce is no collective
+
+
+def test_an_optimizer_through_a_star_imported_torch_says_so() -> None:
+    """DeepLab: `torch` comes only from `from modeling.deeplab import *`, so `torch.optim.SGD` is no
+    PyTorch optimizer accelify can recognise: the finding says why (was "builds no optimizer")."""
+    text = ("from modeling.deeplab import *\n\n\ndef run(model, loader):\n"
+            "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x, y in loader:\n"
+            "        loss = model(x, y)\n        loss.backward()\n        optimizer.step()\n")
+    result = pipeline.convert_source(text, "train.py")
+    assert not result.changed and [(f.code, f.line) for f in result.findings] == [("ACC125", 5)]
+    message = result.findings[0].message
+    assert "`torch.optim.SGD` reads `torch`" in message and "`from modeling.deeplab import *`" in message

@@ -36,6 +36,16 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
                  and code_of(c.func.value) not in ACCELERATOR_SPELLINGS]  # type: ignore[attr-defined]
     if not backwards or plan.has_accelerator or findall(facts.module, m.Name("Accelerator")):
         return
+    hidden = _star_imported_optimizer(facts)
+    if hidden is not None:
+        call, stars = hidden
+        facts.finding(
+            plan, call, "ACC125",
+            f"`{code_of(call.func)}` reads `{code_of(_root(call.func))}`, which only {stars} brings into this file: "
+            "accelify cannot tell that it is PyTorch's optimizer. File not converted.",
+            f"import it by name (`import {code_of(_root(call.func))}`), then run accelify again.",
+        )
+        return
     facts.finding(
         plan, backwards[0], "ACC125",
         "this file runs a backward pass, but builds no optimizer accelify recognises (a `torch.optim` class, or "
@@ -44,6 +54,32 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
         "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
         "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
     )
+
+
+def _root(expr: cst.BaseExpression) -> cst.BaseExpression:
+    while isinstance(expr, cst.Attribute):
+        expr = expr.value
+    return expr
+
+
+def _star_imported_optimizer(facts: Facts) -> Optional[tuple[cst.Call, str]]:
+    """``torch.optim.SGD(...)`` where ``torch`` is bound by no import but a ``from x import *`` of
+    the file may bring it (DeepLab's ``from modeling.deeplab import *``): the call and how to name
+    the star imports."""
+    stars = [code_of(s.module) for s in findall(facts.module, m.ImportFrom())  # type: ignore[attr-defined]
+             if isinstance(s.names, cst.ImportStar) and s.module is not None]  # type: ignore[attr-defined]
+    if not stars:
+        return None
+    for call in facts.calls:
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute)
+                and func.value.attr.value == "optim"):
+            continue
+        root = _root(func)
+        scope = facts.get_metadata(ScopeProvider, root, None) if isinstance(root, cst.Name) else None
+        if scope is not None and not list(scope[root.value]):  # type: ignore[union-attr]
+            return call, "a star import (" + ", ".join(f"`from {s} import *`" for s in stars) + ")"
+    return None
 
 
 def backwards_in_reach(facts: Facts, plan: Plan) -> bool:
