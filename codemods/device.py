@@ -11,6 +11,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.plan import Plan, bind_arguments, param_names
 from accelify.queries.blocks import child_blocks, simple_assign
+from accelify.queries.names import code_of
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.trees import remove_imports_of
 from accelify.queries.walk import findall
@@ -156,7 +157,7 @@ class RemoveDevice(AccelifyCodemod):
         placement = self.other("ACC003")
         if placement is not None and placement.strips_use(original_node):  # type: ignore[attr-defined]
             return updated_node  # `.to(args.device)` goes as a whole (ACC003)
-        code = cst.Module(body=[]).code_for_node(original_node)
+        code = code_of(original_node)
         if loads_on_the_cpu(self, original_node):
             self.change(original_node, f"`map_location={code}` -> `map_location=\"cpu\"`")
             return cpu_string(self, original_node)

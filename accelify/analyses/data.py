@@ -26,7 +26,7 @@ from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
 from accelify.queries.blocks import enclosing_function
 from accelify.queries.loops import peel_iterable
-from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, string_value
+from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, star_imports, string_value
 from accelify.queries.refs import assigned_values, receiver_refs, ref_of
 from accelify.queries.walk import findall
 
@@ -114,18 +114,17 @@ def trained_here(facts: Facts, plan: Plan, optimizers) -> bool:
         return True
     refs = set(optimizers)
     models = {ref_of(facts, e) for _, exprs in optimizers.values() for e in exprs} - {None}
-    handed = None
-    for call in facts.calls:
-        given = {ref_of(facts, a.value) for a in call.args}
-        if given & refs and (given & models or _TRAINS.search(code_of(call.func))) \
-                and _foreign_module(facts, call.func) is not None:
-            handed = call
-            break
-    if handed is None:
+    for handed in facts.calls:
+        given = {ref_of(facts, a.value) for a in handed.args}
+        if given & refs and (given & models or _TRAINS.search(code_of(handed.func))):
+            module = _foreign_module(facts, handed.func)
+            if module is not None:
+                break
+    else:
         return True  # nothing to say it goes elsewhere: the analyses that follow decide
     facts.finding(
         plan, handed, "ACC135",
-        f"the optimizer is handed to `{code_of(handed.func)}`, of {_foreign_module(facts, handed.func)}, which trains "
+        f"the optimizer is handed to `{code_of(handed.func)}`, of {module}, which trains "
         "in a module accelify does not read (this file runs no backward): converting this file alone would "
         "prepare the model and leave that module's data and backward pass as they are. File not converted.",
         f"convert the training loop where it is (`accelerator.prepare(...)` of its data, "
@@ -398,14 +397,11 @@ def _foreign_module(facts: Facts, func: cst.BaseExpression) -> Optional[str]:
             return None  # a known package's, or a name of this file (a class, a variable)
         return f"`{foreign[0].rpartition('.')[0]}`"
     scope = facts.get_metadata(ScopeProvider, root, None)
-    if scope is not None and not list(scope[root.value]) and _star_imports(facts):
-        return "a module imported with `*` (" + ", ".join(f"`{m}`" for m in _star_imports(facts)) + ")"
+    stars = star_imports(facts.module) if scope is not None and not list(scope[root.value]) else []
+    if stars:
+        return "a module imported with `*` (" + ", ".join(f"`{m}`" for m in stars) + ")"
     return None
 
-
-def _star_imports(facts: Facts) -> list[str]:
-    return [code_of(s.module) for s in findall(facts.module, m.ImportFrom())  # type: ignore[attr-defined]
-            if isinstance(s.names, cst.ImportStar) and s.module is not None]  # type: ignore[attr-defined]
 
 
 _RANDOM_DRAWS = frozenset({

@@ -20,7 +20,7 @@ from libcst.metadata import ScopeProvider
 from accelify.analyses.facts import Facts
 from accelify.analyses.ranks import under_main_process_check
 from accelify.queries.blocks import enclosing_function
-from accelify.queries.names import code_of, qualified_names
+from accelify.queries.names import code_of, qualified_names, root_name, star_imports
 from accelify.queries.refs import ACCELERATOR_SPELLINGS, key_at, scope_key
 from accelify.queries.walk import findall
 
@@ -41,9 +41,9 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
         call, stars = hidden
         facts.finding(
             plan, call, "ACC125",
-            f"`{code_of(call.func)}` reads `{code_of(_root(call.func))}`, which only {stars} brings into this file: "
+            f"`{code_of(call.func)}` reads `{code_of(root_name(call.func))}`, which only {stars} brings into this file: "
             "accelify cannot tell that it is PyTorch's optimizer. File not converted.",
-            f"import it by name (`import {code_of(_root(call.func))}`), then run accelify again.",
+            f"import it by name (`import {code_of(root_name(call.func))}`), then run accelify again.",
         )
         return
     facts.finding(
@@ -56,18 +56,11 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
     )
 
 
-def _root(expr: cst.BaseExpression) -> cst.BaseExpression:
-    while isinstance(expr, cst.Attribute):
-        expr = expr.value
-    return expr
-
-
 def _star_imported_optimizer(facts: Facts) -> Optional[tuple[cst.Call, str]]:
     """``torch.optim.SGD(...)`` where ``torch`` is bound by no import but a ``from x import *`` of
     the file may bring it (DeepLab's ``from modeling.deeplab import *``): the call and how to name
     the star imports."""
-    stars = [code_of(s.module) for s in findall(facts.module, m.ImportFrom())  # type: ignore[attr-defined]
-             if isinstance(s.names, cst.ImportStar) and s.module is not None]  # type: ignore[attr-defined]
+    stars = star_imports(facts.module)
     if not stars:
         return None
     for call in facts.calls:
@@ -75,8 +68,8 @@ def _star_imported_optimizer(facts: Facts) -> Optional[tuple[cst.Call, str]]:
         if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute)
                 and func.value.attr.value == "optim"):
             continue
-        root = _root(func)
-        scope = facts.get_metadata(ScopeProvider, root, None) if isinstance(root, cst.Name) else None
+        root = root_name(func)
+        scope = facts.get_metadata(ScopeProvider, root, None) if root is not None else None
         if scope is not None and not list(scope[root.value]):  # type: ignore[union-attr]
             return call, "a star import (" + ", ".join(f"`from {s} import *`" for s in stars) + ")"
     return None

@@ -157,11 +157,11 @@ def _handed(facts: Facts, plan: Plan, option: tuple[Ref, str, bool]) -> Optional
             if not (isinstance(arg.value, cst.Name) and ref_of(facts, arg.value) == option[0]):
                 continue
             if arg.keyword is not None:
-                names = [arg.keyword.value]
+                param = arg.keyword.value
             elif arg.star == "" and i < len(params):
-                names = [params[i].name.value]
+                param = params[i].name.value
             else:
                 continue
-            for read in findall(function, m.Attribute(value=m.Name(names[0]), attr=m.Name(option[1]))):
+            for read in findall(function, m.Attribute(value=m.Name(param), attr=m.Name(option[1]))):
                 return function.name.value, read  # type: ignore[return-value]
     return None

@@ -3,7 +3,7 @@ light walk, positions and expression contexts only for the nodes somebody asks a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import libcst as cst
 from libcst.metadata import (
@@ -19,9 +19,6 @@ from libcst.metadata import (
 )
 
 from accelify.queries import walk
-
-if TYPE_CHECKING:
-    pass
 
 
 class LazyPositions:

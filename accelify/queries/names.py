@@ -84,6 +84,12 @@ def read_names(node: cst.CSTNode) -> list[cst.Name]:
 _EMPTY = cst.Module(body=[])
 
 
+def star_imports(module: cst.Module) -> list[str]:
+    """The modules ``module`` imports with ``from x import *``, as written."""
+    return [code_of(s.module) for s in findall(module, m.ImportFrom())  # type: ignore[attr-defined]
+            if isinstance(s.names, cst.ImportStar) and s.module is not None]  # type: ignore[attr-defined]
+
+
 def code_of(node: cst.CSTNode) -> str:
     """The source of ``node`` as written (its own whitespace and comments)."""
     return _EMPTY.code_for_node(node)
