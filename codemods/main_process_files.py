@@ -15,6 +15,7 @@ from accelify.queries.blocks import binds, enclosing_function, scope_root
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
 from accelify.queries.refs import key_at, ref_of
+from accelify.queries.settings import same_on_every_process
 from accelify.queries.training import setup_blocks
 from accelify.queries.trees import Item
 from accelify.queries.walk import findall
@@ -56,7 +57,10 @@ class MainProcessFiles(AccelifyCodemod):
     processes see no directory, the second ``makedirs`` fails): ``exist_ok=True`` does not.  In an
     evaluation script a ``with open(path, "w") as f:`` block after its loops is written by the
     main process too (what it writes was gathered); one inside the loop over the prepared loader
-    is refused (ACC131).
+    is refused (ACC131).  A ``with open(path, "w")`` outside any loop that writes only the run's
+    settings (``json.dump(vars(args), f)``: options, literals and pure functions of them, the same
+    on every process) is written by the main process; any other file opened for writing is left
+    with ACC127.
 
     Before::
 
@@ -270,6 +274,8 @@ class MainProcessFiles(AccelifyCodemod):
                 return
             if self._helper_guarded(node):
                 return  # a download helper's file: written by the main process first
+            if "w" in mode and self._settings_file(node):
+                return  # the settings of the run: written once, by the main process
             what = f"a file opened with mode {mode!r}: every process writes it"
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
         elif self.plan.evaluation and self._per_batch_write(node):
@@ -281,6 +287,51 @@ class MainProcessFiles(AccelifyCodemod):
             how = "build the dataset under `with accelerator.main_process_first():`"
         if what is not None:
             self.finding(node, "ACC127", f"{what}; left as it is.", how + ".")
+
+    # ------------------------------------------------------------ settings files
+    _DUMPS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "builtins.print"})
+
+    def _settings_file(self, call: cst.Call) -> bool:
+        """``with open(path, "w") as f:`` outside any loop, writing settings only (``json.dump(vars(args), f)``,
+        ``f.write(json.dumps(config))``: the same on every process, accelify.queries.settings): written by
+        the main process (True: guarded in leave_With)."""
+        item = self.get_metadata(ParentNodeProvider, call, None)
+        statement = self.get_metadata(ParentNodeProvider, item, None) if isinstance(item, cst.WithItem) else None
+        if not isinstance(statement, cst.With) or self._in_loop(statement) or not isinstance(
+                self.get_metadata(ParentNodeProvider, statement, None), (cst.IndentedBlock, cst.Module)):
+            return False
+        accelerator = self.accelerator_at(statement)
+        handles = {i.asname.name.value for i in statement.items
+                   if i.asname is not None and isinstance(i.asname.name, cst.Name)}
+        if accelerator is None or len(handles) != len(statement.items) or not all(
+                self._setting(a.value) for i in statement.items if isinstance(i.item, cst.Call) for a in i.item.args):
+            return False
+        if not all(self._writes_settings(stmt, handles, frozenset()) for stmt in statement.body.body):
+            return False
+        self._guard_with[id(statement)] = accelerator
+        return True
+
+    def _setting(self, expr: cst.BaseExpression, allowed: frozenset[int] = frozenset()) -> bool:
+        return same_on_every_process(self, self.shared.module, expr, allowed)
+
+    def _writes_settings(self, stmt: cst.CSTNode, handles: set[str], allowed: frozenset[int]) -> bool:
+        """``f.write(setting)``, ``json.dump(setting, f)``, ``print(setting, file=f)``, or a ``for`` over
+        settings whose body writes only those (``for k, v in sorted(vars(args).items()): f.write(...)``)."""
+        if isinstance(stmt, cst.For) and not stmt.orelse and self._setting(stmt.iter, allowed):
+            targets = {n.value for n in findall(stmt.target, m.Name())}
+            inner = allowed | {id(n) for n in findall(stmt.body, m.Name()) if n.value in targets}
+            return all(self._writes_settings(s, handles, inner) for s in stmt.body.body)
+        if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])):
+            return False
+        call: cst.Call = stmt.body[0].value  # type: ignore[attr-defined]
+        args = [a.value for a in call.args]
+        handle = [i for i, a in enumerate(args) if isinstance(a, cst.Name) and a.value in handles]
+        if m.matches(call.func, m.Attribute(attr=m.Name("write") | m.Name("writelines"))) and isinstance(
+                call.func.value, cst.Name) and call.func.value.value in handles:  # type: ignore[attr-defined]
+            handle = []
+        elif not (qualified_names(self, call.func) & self._DUMPS) or len(handle) != 1:
+            return False
+        return all(self._setting(a, allowed) for i, a in enumerate(args) if i not in handle)
 
     # ------------------------------------------------------------ evaluation scripts
     def _evaluation_file(self, call: cst.Call) -> bool:

@@ -40,7 +40,12 @@ passes share a step under gradient accumulation). Optimizer steps are counted wi
 optimizer step hooks, so any ``torch.optim.Optimizer`` counts (Accelerate's prepared optimizer
 steps its inner optimizer only on accumulation boundaries: those are the steps counted).
 
-Determinism: one torch thread and ``torch.use_deterministic_algorithms(True, warn_only=True)``.
+Determinism: one torch thread, ``torch.use_deterministic_algorithms(True, warn_only=True)``, and the
+global generators of ``random``, NumPy and torch seeded with 0 before the script starts (all three
+are seeded from the operating system otherwise: a script that seeds nothing, or draws its own seed
+with ``random.randint(1, 10000)``, would train differently on every run, original and conversion
+alike). A script that seeds them
+itself overrides this, as it would on its own.
 
 This module depends on torch only (never libcst, rich or typer). Importing it runs nothing.
 """
@@ -124,6 +129,21 @@ def _value(tensors) -> float:
         if torch.is_tensor(tensor):
             total += float(tensor.detach().double().sum())
     return total
+
+
+def _seed_host_generators() -> None:
+    """Seed the global generators of ``random``, torch and (when installed) NumPy."""
+    import random
+
+    import torch
+
+    random.seed(0)
+    torch.manual_seed(0)
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is optional
+        return
+    numpy.random.seed(0)
 
 
 def _install(recorder: _Recorder) -> None:
@@ -228,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
                        hook=os.path.abspath(__file__))
         _install(recorder)
     _install_checks(os.environ.get(CHECKS_VAR, ""), recorder)
+    _seed_host_generators()
 
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would have it

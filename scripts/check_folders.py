@@ -11,7 +11,9 @@ scratch copy of the folder:
 2. the entry script is converted (``accelify.core.pipeline.convert_source``) and converted again:
    the second conversion must change nothing;
 3. unchanged: the row says ``refused`` with every finding (read each: is it true?);
-4. changed: ``accelify verify <script> --processes 2 -- <args>`` runs the original and the
+4. changed: ``accelify verify <script> --processes 2 -- <args>``, in a shell that runs the
+   preparation lines first (their exports and background servers are there, as for the entry
+   line of ``run.sh``), runs the original and the
    conversion in one process (the losses passed to backward must be the same) and the conversion
    on two CPU processes, with the GPU device rules and the per-process side effects checked.
 
@@ -66,7 +68,7 @@ def check(folder: Path, steps: int, timeout: float) -> dict:
         if tools.exists():
             shutil.copytree(tools, Path(tmp) / "_tools", symlinks=True)
         environ = {**os.environ, **env, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-        if prep:
+        if prep:  # its data only: the run itself comes after the conversion, in the same shell (below)
             subprocess.run(["bash", "-c", "\n".join(prep)], cwd=work, env=environ, capture_output=True,
                            timeout=timeout)
         source = (work / script).read_text(encoding="utf-8")
@@ -81,7 +83,11 @@ def check(folder: Path, steps: int, timeout: float) -> dict:
             return {**row, "result": "not idempotent"}
         verify = [str(Path(sys.executable).parent / "accelify"), "verify", script, "--steps", str(steps),
                   "--processes", "2", "--timeout", str(timeout), "--", *args]
-        proc = subprocess.run(verify, cwd=work, env=environ, capture_output=True, text=True, timeout=4 * timeout)
+        # in a shell that runs run.sh's preparation again first, as run.sh runs its entry line: what it
+        # exports and the servers it starts for the run (cyclegan's Visdom, stopped by its trap) are there
+        shell = "\n".join([*prep, shlex.join(verify)])
+        proc = subprocess.run(["bash", "-c", shell], cwd=work, env=environ, capture_output=True, text=True,
+                              timeout=4 * timeout)
         row["verdict"] = next((line for line in proc.stdout.splitlines()[::-1] if line.strip()), "")
         row["two"] = next((line for line in proc.stdout.splitlines() if line.startswith("2 processes")), "")
         row["exit"] = proc.returncode

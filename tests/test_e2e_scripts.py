@@ -75,6 +75,7 @@ RUNNABLE = {
     "frozen_backbone": Expect(),
     "device_option": Expect(evals=("Test set",), saves=("model.pt",)),
     "config_device": Expect(),
+    "settings_file": Expect(),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).

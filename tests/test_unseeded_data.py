@@ -48,3 +48,36 @@ def test_a_seeded_shuffle_converts_with_the_note(seed):
     result = convert_source(source, "train.py")
     assert result.output != source
     assert [f.code for f in result.findings] == ["ACC124"]
+
+
+def test_batches_drawn_with_next_from_the_prepared_loader_are_sharded_data():
+    """wgan: `data_iter = iter(dataloader)` per epoch, then `next(data_iter)` in a `while` inside:
+    the data is the prepared DataLoader's, so no ACC124 (it said "`range(opt.niter)` does not come
+    from a DataLoader")."""
+    source = """\
+import torch
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    data_iter = iter(loader)
+    i = 0
+    while i < len(loader):
+        x, y = next(data_iter)
+        i += 1
+        x, y = x.to(device), y.to(device)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+    result = convert_source(source, "train.py")
+    assert "accelerator.prepare(loader, model, optimizer)" in result.output.replace("\n", " ").replace("  ", "")
+    assert result.findings == []
+    hand = convert_source(source.replace("next(data_iter)", "next(pairs)").replace(
+        "for epoch in range(2):", "pairs = iter([(torch.randn(2, 4), torch.randn(2, 2))] * 4)\nfor epoch in range(2):"),
+        "train.py")
+    assert [f.code for f in hand.findings] == ["ACC124"]
+    assert "the training loop runs over `range(2)`, not over a DataLoader" in hand.findings[0].message

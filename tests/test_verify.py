@@ -181,6 +181,20 @@ def test_trace_hook_imports_torch_only():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_trace_hook_seeds_the_generators_a_script_leaves_unseeded(tmp_path):
+    """wgan (research set) draws its own seed, ``random.randint(1, 10000)``: without a seeded
+    ``random`` the original and the conversion train from different seeds on every run; torch's
+    CPU generator too is seeded from the operating system (cyclegan seeds nothing)."""
+    script = tmp_path / "draw.py"
+    script.write_text("import random, numpy, torch\n"
+                      "print(random.randint(1, 10000), numpy.random.randint(10000), torch.rand(1).item())\n")
+    pytest.importorskip("numpy")
+    runs = [subprocess.run([sys.executable, "-m", "accelify.runtime.trace", str(script)], capture_output=True,
+                           text=True, cwd=tmp_path) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout and runs[0].stdout.strip()
+
+
 @pytest.mark.parametrize("args, message", [
     (["verify", "missing.py"], "no such file"),
     (["verify", "train.py", "--format", "yaml"], "--format"),

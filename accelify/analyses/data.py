@@ -279,7 +279,7 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 loops.append(node)
             node = facts.get_metadata(ParentNodeProvider, node, None)
         if not loops or any(_prepared_data(facts, plan, loop.iter, 0) or _bound_by_prepare(facts, loop.iter)
-                            for loop in loops):
+                            for loop in loops) or _drawn_by_next(facts, plan, loops[-1]):
             continue
         for loop in loops:
             if _loader_like(facts, loop.iter, set()):
@@ -336,8 +336,8 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 return False
             facts.finding(
                 plan, loops[0], "ACC124",
-                f"the training data (`{code_of(peel_iterable(facts, loops[0].iter))}`) does not come from a "
-                "DataLoader: it is not sharded, every process trains on all of it (correct, but no faster).",
+                f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
+                "DataLoader: its data is not sharded, every process trains on all of it (correct, but no faster).",
                 "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, or "
                 "slice it per process with `accelerator.split_between_processes`.",
             )
@@ -427,6 +427,16 @@ def _unseeded_draw(facts: Facts) -> Optional[cst.Call]:
     drawn = [c for c in calls if has_qname(facts, c.func, _RANDOM_DRAWS)]
     # a shuffle says it best: the data's order drawn per process
     return next((c for c in drawn if has_qname(facts, c.func, _SHUFFLES)), drawn[0] if drawn else None)
+
+
+def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:
+    """Does the loop draw its batches with ``next(...)`` from a prepared dataloader (wgan: ``data_iter =
+    iter(dataloader)`` per epoch, then ``data = next(data_iter)`` in a ``while`` inside)?"""
+    return any(
+        call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}
+        and _prepared_data(facts, plan, call.args[0].value, 0)
+        for call in findall(loop.body, m.Call(func=m.Name("next")))
+    )
 
 
 def _prepared_data(facts: Facts, plan: Plan, expr: cst.BaseExpression, depth: int) -> bool:

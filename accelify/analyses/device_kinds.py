@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ScopeProvider
 
 from accelify.queries.devices import AUTO_DEVICE_STRINGS, CPU_STRINGS, CURRENT_ACCELERATOR, TORCH_DEVICE
 from accelify.queries.names import has_qname, string_value
-from accelify.queries.refs import ref_of
+from accelify.queries.refs import assigned_values, ref_of
 
 # --------------------------------------------------------------------------
 # devices
@@ -35,6 +37,8 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
     """Classify an expression that *looks like* a device; ``None`` if it does not."""
     if per_process_device(visitor, expr) or is_option_device(visitor, expr):
         return DeviceKind("auto")
+    if chosen_index(visitor, expr) is not None:
+        return DeviceKind("auto", "chosen index")
     text = string_value(expr)
     if text is not None:
         if text in AUTO_DEVICE_STRINGS:
@@ -54,6 +58,8 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
             inner = classify_device(visitor, first.value)
             if len(expr.args) > 1:
                 index = expr.args[1].value
+                if inner and inner.kind == "auto" and gpu_index_option(visitor, index) is not None:
+                    return DeviceKind("auto", "chosen index")
                 if isinstance(index, cst.Integer) and index.value == "0" and inner and inner.kind == "auto":
                     return inner
                 return DeviceKind("other", "device with an explicit index")
@@ -79,6 +85,52 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
             return DeviceKind("auto")
         return DeviceKind("other", "device chosen by a condition accelify cannot map")
     return None
+
+
+#: option and configuration attributes that hold the index of the one GPU a script trains on
+GPU_INDEX_NAMES = frozenset({"gpu", "gpu_id", "gpuid", "gpu_index", "gpu_idx", "gpu_no", "gpu_num", "device_id",
+                             "cuda_id", "cuda_device", "which_gpu", "gpu_device"})
+
+
+def gpu_index_option(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Optional[cst.Attribute]:
+    """``args.gpu_id`` (``opt.gpu``, ``cfg.device_id``): an option or configuration attribute named as a
+    GPU index, directly or through a name bound to it once (``gpu = args.gpu``); the attribute."""
+    if isinstance(expr, cst.Name):
+        values = assigned_values(visitor, expr)
+        scope = visitor.get_metadata(ScopeProvider, expr, None)
+        if len(values) != 1 or scope is None or len(scope[expr.value]) != 1:
+            return None
+        expr = values[0]
+    if isinstance(expr, cst.Attribute) and expr.attr.value in GPU_INDEX_NAMES and isinstance(expr.value, cst.Name) \
+            and expr.value.value not in ("self", "torch", "cuda"):
+        return expr
+    return None
+
+
+def chosen_index(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Optional[cst.Attribute]:
+    """``f"cuda:{args.gpu_id}"``, ``"cuda:{}".format(args.gpu)``, ``"cuda:%d" % opt.gpu``,
+    ``"cuda:" + str(args.gpu)``: the accelerator at an index the user chose (the attribute), which a
+    launcher chooses under Accelerate, one per process."""
+    index: Optional[cst.BaseExpression] = None
+    if isinstance(expr, cst.FormattedString) and len(expr.parts) == 2:
+        text, value = expr.parts
+        if isinstance(text, cst.FormattedStringText) and text.value in _INDEXED and isinstance(
+                value, cst.FormattedStringExpression) and value.format_spec is None:
+            index = value.expression
+    elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format" \
+            and string_value(expr.func.value) in {f"{t}{{}}" for t in _INDEXED} and len(expr.args) == 1:
+        index = expr.args[0].value
+    elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo) \
+            and string_value(expr.left) in {f"{t}%d" for t in _INDEXED} | {f"{t}%s" for t in _INDEXED}:
+        index = expr.right
+    elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) \
+            and string_value(expr.left) in _INDEXED and isinstance(expr.right, cst.Call) \
+            and m.matches(expr.right.func, m.Name("str")) and len(expr.right.args) == 1:
+        index = expr.right.args[0].value
+    return gpu_index_option(visitor, index) if index is not None else None
+
+
+_INDEXED = frozenset({"cuda:", "xpu:", "npu:"})
 
 
 def is_option_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:

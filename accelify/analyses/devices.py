@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.accelerator import Arguments
-from accelify.analyses.device_kinds import classify_device
+from accelify.analyses.device_kinds import chosen_index, classify_device, gpu_index_option
 from accelify.analyses.facts import Facts, chain_root
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import code_of, read_names, string_value
@@ -58,6 +58,8 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
                           "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.")
             return False
         kind, value = kinds[0], assigns[0].value
+        if kind.kind == "auto" and not _index_noted(facts, plan, name, value):
+            return False
         if kind.kind == "auto":
             plan.devices.add(name)
             if _is_string(value):
@@ -76,6 +78,77 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
                           "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.")
             return False
     return True
+
+
+def _index_noted(facts: Facts, plan: Plan, name: str, value: cst.BaseExpression) -> bool:
+    """``device = torch.device(f"cuda:{args.gpu_id}" if ... else "cpu")``: under Accelerate the launcher gives
+    each process its GPU, so the option no longer picks one (ACC136 says so). False (ACC102) when the
+    index also picks a GPU elsewhere (``torch.cuda.set_device(args.gpu_id)``, ``model.cuda(args.gpu)``):
+    that code would still send every process to the one GPU."""
+    index = next((i for e in findall(value, m.OneOf(m.FormattedString(), m.Call(), m.BinaryOperation()))
+                  if (i := chosen_index(facts, e) or _torch_device_index(facts, e)) is not None), None)
+    if index is None:
+        return True
+    option = code_of(index)
+    binding = facts.get_metadata(ParentNodeProvider, index, None)  # `gpu = args.gpu`, read in `f"cuda:{gpu}"`
+    via = binding.targets[0].target if isinstance(binding, cst.Assign) and len(binding.targets) == 1 else None
+    others = [a for a in findall(facts.module, m.Attribute(attr=m.Name(index.attr.value)))
+              if code_of(a) == option and a is not index and not _inside(a, value) and not _read_as_text(facts, a)]
+    if isinstance(via, cst.Name):
+        others += [a.node for assignment in _scope_assignments(facts, via) for a in assignment.references
+                   if not _inside(a.node, value) and not _read_as_text(facts, a.node)]
+    if others:
+        facts.finding(plan, others[0], "ACC102",
+                      f"`{option}` picks the GPU of `{name}` and is also used here (`{code_of(_statement_of(facts, others[0]))}`): "
+                      "under Accelerate each process gets its GPU from the launcher, and this code would still "
+                      "send every process to the one GPU. File not converted.",
+                      f"remove the other uses of `{option}` (use `accelerator.device`), then convert again.")
+        return False
+    facts.finding(plan, index, "ACC136",
+                  f"`{name}` was the GPU `{option}` picks; it is now `accelerator.device`, the GPU the launcher gives "
+                  f"each process, and `{option}` no longer picks one.",
+                  f"to train one process on a given GPU, run it with `CUDA_VISIBLE_DEVICES=<index>`.")
+    return True
+
+
+def _torch_device_index(facts: Facts, expr: cst.CSTNode) -> Optional[cst.Attribute]:
+    """``torch.device("cuda", args.gpu)``: the index's attribute."""
+    if isinstance(expr, cst.Call) and len(expr.args) == 2 and string_value(expr.args[0].value) in ("cuda", "xpu", "npu"):
+        kind = classify_device(facts, expr)
+        if kind is not None and kind.detail == "chosen index":
+            return gpu_index_option(facts, expr.args[1].value)
+    return None
+
+
+def _inside(node: cst.CSTNode, tree: cst.CSTNode) -> bool:
+    return any(n is node for n in findall(tree, m.Attribute() | m.Name()))
+
+
+def _scope_assignments(facts: Facts, name: cst.Name) -> list:
+    scope = facts.get_metadata(ScopeProvider, name, None)
+    return list(scope[name.value]) if scope is not None else []
+
+
+def _read_as_text(facts: Facts, attr: cst.Attribute) -> bool:
+    """``print(args.gpu_id)``, ``f"gpu {args.gpu}"``, ``add_argument``: read, not used to pick a device."""
+    node = facts.get_metadata(ParentNodeProvider, attr, None)
+    while node is not None and not isinstance(node, cst.BaseStatement):
+        if isinstance(node, cst.FormattedString):
+            return True
+        if isinstance(node, cst.Call) and m.matches(node.func, m.Name("print") | m.Attribute(
+                attr=m.Name("info") | m.Name("debug") | m.Name("warning") | m.Name("add_scalar") | m.Name("log"))):
+            return True
+        node = facts.get_metadata(ParentNodeProvider, node, None)
+    return False
+
+
+def _statement_of(facts: Facts, node: cst.CSTNode) -> cst.CSTNode:
+    while node is not None and not isinstance(node, cst.SimpleStatementLine):
+        parent = facts.get_metadata(ParentNodeProvider, node, None)
+        if parent is None or isinstance(parent, cst.BaseCompoundStatement):
+            break
+        node = parent
+    return node.body[0] if isinstance(node, cst.SimpleStatementLine) else node
 
 
 def _if_else_device(facts: Facts, plan: Plan, name: str, assigns: list[cst.Assign]) -> Optional[str]:

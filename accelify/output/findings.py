@@ -97,6 +97,10 @@ FINDINGS: dict[str, str] = {
     "ACC135": "The training data, or the placement of the tensors, comes from a function of another module (`from "
     "utils import get_data`, `cuda(x, use_cuda)`, or a name a `from utils import *` brings), which accelify does "
     "not read: whether it is a DataLoader to shard, or what it moves where, is unknown: file left unchanged.",
+    "ACC136": "The device was the GPU an option picks (`f\"cuda:{args.gpu_id}\"`, `torch.device(\"cuda\", "
+    "args.gpu)`): it is now `accelerator.device`, the GPU the launcher gives each process; converted, reported "
+    "(`CUDA_VISIBLE_DEVICES=1` trains one process on GPU 1). When the option also picks a GPU elsewhere "
+    "(`torch.cuda.set_device(args.gpu)`), ACC102.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
     # ACC14x: notebooks (ACC13x is left to the analysis of scripts).
