@@ -31,6 +31,7 @@ from .prepare import Prepare
 from .saving import Saving
 from .seeding import Seeding
 from .split_inference import SplitInference
+from .synced_skip import SyncedSkip
 from .visible_devices import LauncherDevices
 
 # The order matters:
@@ -52,12 +53,13 @@ from .visible_devices import LauncherDevices
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
 # LauncherDevices removes the script's CUDA_VISIBLE_DEVICES before the device codemod replaces the
-# device next to it; CountersOnDevice, HostInputs and ConsoleHelpers name the Accelerator, so they come before it.
+# device next to it; CountersOnDevice, HostInputs, ConsoleHelpers and SyncedSkip name the Accelerator, so they come
+# before it.
 # The import visitors run after all of them (in the pipeline).
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, AcceleratorParameter, Prepare,
     GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics,
-    MainProcessFiles, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
+    MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
     AddAccelerator,
     MainProcessOutput,
 )

@@ -189,6 +189,8 @@ class RemovePlacement(AccelifyCodemod):
             return result  # `else:` does something else than the same code without the placement
         self.change(original_node, "the availability check around the placement goes with it: the accelerator's "
                                    "device is not always CUDA (MPS, TPU, `cpu=True`)")
+        if self.emptied(updated_node.body):  # nothing left but the `pass` of an emptied block (retinanet)
+            return self.remove(updated_node)
         body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
         return cst.FlattenSentinel(body)
 

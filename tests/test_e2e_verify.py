@@ -222,3 +222,24 @@ def test_a_file_written_by_every_process_is_reported(tmp_path):
         f'train.py (converted):{line} `with open("log.txt", "w") as log:` writes {folder / "log.txt"} '
         "on every process (ranks 0, 1)"
     ]
+
+
+def test_a_skip_taken_together_keeps_the_processes_in_step(tmp_path):
+    """fixtures/synced_skip: one batch of outliers is skipped before its backward. Converted, the skip
+    is taken by every process together (ACC026): one process trains as the original, two take the
+    same number of steps. With the skip left per process (the trigger lines undone), the process
+    whose shard holds the outliers takes one step fewer: verify reports it."""
+    folder = _fixture(tmp_path, "synced_skip")
+    result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked)
+    assert result.verdict == "identical", result.message
+    assert result.original.steps == [22]  # 2 epochs of 12 batches, one skipped in each
+    assert result.distributed.verdict == "ok", result.distributed.message
+    assert result.distributed.run.steps == [10, 10]
+    converted = convert_source((folder / "train.py").read_text(encoding="utf-8"), "train.py").output
+    per_process = converted.replace("accelerator.set_trigger()\n            if accelerator.check_trigger():\n"
+                                    "                continue", "continue")
+    assert per_process != converted
+    # the gradient all-reduces no longer pair up: the run hangs (killed at the timeout) or ends unevenly
+    result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked,
+                    converted_source=per_process, timeout=30)
+    assert result.distributed.verdict in ("timeout", "uneven-steps", "failed"), result.distributed.message

@@ -73,3 +73,24 @@ def test_tensors_typed_for_cuda_or_the_cpu_are_made_on_the_accelerators_device()
     out = convert("    if torch.cuda.is_available():\n        eps = torch.cuda.FloatTensor(img.size()).normal_()\n"
                   "    else:\n        eps = torch.FloatTensor(img.size()).uniform_()\n    img = img + eps")
     assert "torch.cuda.FloatTensor" in out  # the branches do different things: left as they are
+
+
+def test_an_emptied_availability_check_leaves_no_pass() -> None:
+    """retinanet: `if torch.cuda.is_available(): model = nn.DataParallel(model).cuda()` with `else: model =
+    nn.DataParallel(model)`: both branches go, and so does the statement (it left a bare `pass`)."""
+    from accelify.core.pipeline import convert_source
+
+    source = (
+        "import torch\n\n\ndef main():\n"
+        "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 2)))\n"
+        "    model = torch.nn.Linear(4, 2)\n\n"
+        "    if torch.cuda.is_available():\n        model = torch.nn.DataParallel(model).cuda()\n"
+        "    else:\n        model = torch.nn.DataParallel(model)\n\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+    )
+    result = convert_source(source, "train.py")
+    assert result.changed and "pass" not in result.output and "DataParallel" not in result.output
+    assert "    model = torch.nn.Linear(4, 2)\n\n    optimizer = " in result.output

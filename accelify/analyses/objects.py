@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ScopeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.facts import Facts
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
@@ -151,8 +151,33 @@ def training_objects(
         (ref, assigns[0]) for ref, assigns in in_owner.items()
         if assigns and all(_helper_loader(facts, a, ref) for a in assigns)
     ]
+    # a DataLoader built under a condition and never read (retinanet's `dataloader_val`, built only with
+    # `--csv_val`, never used) has nothing to shard, and `prepare` could not take it on every path: no
+    # object to prepare. (One built on every path is prepared though unread, as the Accelerate docs do.)
+    loaders = [(ref, a) for ref, a in loaders if _read_anywhere(facts, a) or not _conditional(facts, a)]
     plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: facts.line(x[1])))
     return True
+
+
+def _conditional(facts: Facts, node: cst.CSTNode) -> bool:
+    """Is ``node`` inside an ``if`` of its function (or of the module)?"""
+    parent = facts.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, cst.If):
+            return True
+        parent = facts.get_metadata(ParentNodeProvider, parent, None)
+    return False
+
+
+def _read_anywhere(facts: Facts, assign: cst.Assign) -> bool:
+    """Is the name ``assign`` binds read anywhere (by any of its assignments in that scope)?"""
+    target = assign.targets[0].target if len(assign.targets) == 1 else None
+    if not isinstance(target, cst.Name):
+        return True
+    scope = facts.get_metadata(ScopeProvider, target, None)
+    if scope is None:
+        return True
+    return any(a.references for a in scope[target.value])
 
 
 def _unbound(facts: Facts, expr: cst.BaseExpression) -> bool:

@@ -1,0 +1,105 @@
+"""ACC026: a batch skipped before its backward pass is skipped by every process together."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from accelify.analyses.early_stop import EarlyStops
+from accelify.analyses.plan import Plan
+from accelify.queries.walk import findall
+
+from .base import AccelifyCodemod
+
+_CONTINUE = m.SimpleStatementLine(body=[m.Continue()])
+_SKIP = m.If(body=m.IndentedBlock(body=[m.ZeroOrMore(), _CONTINUE]), orelse=None)
+_BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
+
+
+class SyncedSkip(AccelifyCodemod):
+    """Skip a batch on every process when one of them decides to (``set_trigger``/``check_trigger``).
+
+    ``if <value of this batch>: ... continue`` before the backward pass (a zero or NaN loss, an empty
+    batch) holds on the process whose shard has that batch, not on the others: that process skips
+    its backward while the others run theirs, and from then on the processes' gradient
+    all-reduces no longer pair up (a hang, or gradients of different steps averaged).  Raising
+    Accelerate's trigger where the condition holds and skipping on ``check_trigger()`` makes every
+    process skip that step together; in one process it is the same skip.
+
+    Before::
+
+        import torch
+
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            if torch.isnan(loss):
+                continue
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    After::
+
+        import torch
+
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            if torch.isnan(loss):
+                accelerator.set_trigger()
+            if accelerator.check_trigger():
+                continue
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    """
+
+    CODE = "ACC026"
+    NAME = "synced-skip"
+    DESCRIPTION = ("A batch skipped before its backward pass on a value of the batch (`if loss == 0: continue`) is "
+                   "skipped by every process together: accelerator.set_trigger() + check_trigger().")
+    REQUIRES = frozenset({"ACC001"})
+
+    @classmethod
+    def applies(cls, plan: Plan, code: str) -> bool:
+        return "continue" in code and not plan.evaluation
+
+    def visit_Module(self, node: cst.Module) -> None:
+        facts_loops = [n for n in findall(node, m.For() | m.While())]
+        self._stops = EarlyStops(self, self.plan, node, facts_loops, [])  # type: ignore[arg-type]
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Union[cst.BaseStatement, cst.FlattenSentinel]:
+        if not m.matches(original_node, _SKIP) or not self._skips_backward(original_node) or findall(
+                cst.IndentedBlock(body=original_node.body.body[:-1]), m.Continue() | m.Break() | m.Return()):
+            return updated_node
+        culprit = self._stops.guarded_by(original_node.body.body[-1])  # type: ignore[attr-defined]
+        accelerator = self.accelerator_at(original_node)
+        if culprit is None or accelerator is None:
+            return updated_node
+        self.change(original_node, f"the skip decided by `{culprit}` is taken by every process together")
+        self.replaced(original_node)
+        body = list(updated_node.body.body)  # type: ignore[attr-defined]
+        raise_it = updated_node.with_changes(body=updated_node.body.with_changes(
+            body=[*body[:-1], cst.parse_statement(f"{accelerator}.set_trigger()")]))
+        check = cst.If(test=cst.parse_expression(f"{accelerator}.check_trigger()"),
+                       body=updated_node.body.with_changes(body=[body[-1]]))
+        return cst.FlattenSentinel([raise_it, check])  # the `continue` keeps its comment
+
+    def _skips_backward(self, statement: cst.If) -> bool:
+        """Is there a backward pass after ``statement`` in the body of the loop its ``continue`` continues?"""
+        node: cst.CSTNode = statement
+        while True:
+            parent = self.get_metadata(ParentNodeProvider, node, None)
+            if parent is None or isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+                return False
+            if isinstance(parent, (cst.For, cst.While)):
+                break
+            node = parent
+        line = self.line_of(statement)[0]
+        return any(self.line_of(call)[0] > line for call in findall(parent.body, _BACKWARD))
