@@ -6,7 +6,7 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.plan import Plan
@@ -14,7 +14,7 @@ from accelify.analyses.ranks import under_main_process_check
 from accelify.queries.blocks import binds, enclosing_function, scope_root
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
-from accelify.queries.refs import key_at, ref_of
+from accelify.queries.refs import assigned_values, key_at, ref_of
 from accelify.queries.settings import same_on_every_process
 from accelify.queries.training import setup_blocks
 from accelify.queries.trees import Item
@@ -28,6 +28,12 @@ _MAKEDIRS = frozenset({"os.makedirs"})
 _MKDIR = frozenset({"os.makedirs", "os.mkdir"})
 _EXISTS = frozenset({"os.path.exists", "os.path.isdir"})
 # Left to the user (ACC127): what they write depends on the process, or they set up state.
+#: TensorBoard writers: created and written by the main process when every use is a statement of its own
+_TENSORBOARD = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
+                          "tensorboardX.SummaryWriter"})
+#: calls every process must make: a logging statement that makes one cannot go under the main process
+_COLLECTIVE_CALLS = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone",
+                               "all_reduce", "all_gather", "barrier", "broadcast", "check_trigger"})
 _LOGGERS = frozenset({
     "torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
     "tensorboardX.SummaryWriter", "wandb.init", "mlflow.start_run",
@@ -60,7 +66,11 @@ class MainProcessFiles(AccelifyCodemod):
     is refused (ACC131).  A ``with open(path, "w")`` outside any loop that writes only the run's
     settings (``json.dump(vars(args), f)``: options, literals and pure functions of them, the same
     on every process) is written by the main process; any other file opened for writing is left
-    with ACC127.
+    with ACC127.  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
+    (``writer.add_scalar(...)``) is created and written by the main process; an optional one
+    (``SummaryWriter(...) if args.log else None``, used under ``if writer is not None:``) gets the
+    main process as one more condition.  A call of another module's function that writes files
+    (accelify.analyses.foreign) is made by the main process.
 
     Before::
 
@@ -99,7 +109,7 @@ class MainProcessFiles(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run",
+        return bool(plan.foreign_writers) or any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run",
                                              *_TABLE_WRITERS))
 
     def _writer(self, stmt: cst.CSTNode) -> bool:
@@ -109,13 +119,29 @@ class MainProcessFiles(AccelifyCodemod):
         # `model.save_pretrained(dir)` / `tokenizer.save_pretrained(dir)`: the Hugging Face convention;
         # `df.to_csv(path)` (pandas: with no path it returns the text instead)
         call = stmt.body[0].value  # type: ignore[attr-defined]
+        if id(call) in self.plan.foreign_writers:  # another module's function that writes files
+            return True
+        if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name("save"))) and call.args and self._made_by(
+                func.value, ("matplotlib.", "PIL.")):  # type: ignore[attr-defined]
+            return True  # `anim.save("celeba.gif")` of an animation, `img.save(path)` of a PIL image
         return bool(qualified_names(self, func) & WRITERS) or m.matches(func, m.Attribute(attr=m.Name("save_pretrained"))) or (
             m.matches(func, m.Attribute(attr=m.OneOf(*(m.Name(n) for n in _TABLE_WRITERS)))) and bool(call.args))
+
+    def _made_by(self, name: cst.Name, packages: tuple[str, ...]) -> bool:
+        """Is ``name`` bound only to what a call of one of ``packages`` returns
+        (``anim = animation.ArtistAnimation(...)``, ``im = Image.fromarray(...)``)?"""
+        values = assigned_values(self, name)
+        return bool(values) and all(isinstance(v, cst.Call) and any(
+            n.startswith(packages) for n in qualified_names(self, v.func)) for v in values)
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
+        if id(original_node) in self._logger_lines:
+            self.change(original_node, "the TensorBoard writer is created and written by the main process")
+            self._guard[id(original_node)] = self._logger_lines[id(original_node)]
+            return updated
         if self._writer(original_node) and not under_main_process_check(self, original_node):
             accelerator = self.accelerator_at(original_node)
             if accelerator is None:
@@ -147,6 +173,11 @@ class MainProcessFiles(AccelifyCodemod):
         self._helpers = self._download_helpers(node)
         self._wait: set[int] = set()  # guarded writes every process waits for (the file is read back)
         self._guard_with: dict[int, str] = {}  # an evaluation's `with open(path, "w")` -> its accelerator
+        # TensorBoard writers: their statements -> the accelerator; `X if flag else None` tests -> the accelerator
+        self._logger_lines: dict[int, str] = {}
+        self._logger_tests: dict[int, str] = {}
+        self._loggers_handled: set[int] = set()  # the SummaryWriter(...) calls those take care of
+        self._main_process_loggers(node)
         self._taint = EarlyStops(self, self.plan, node, [], [])
         self._loads = [self.line_of(c)[0] for c in findall(node, m.Call()) if (
             qualified_names(self, c.func) & TORCH_LOAD  # type: ignore[arg-type]
@@ -266,6 +297,8 @@ class MainProcessFiles(AccelifyCodemod):
             return
         names = qualified_names(self, node.func)
         what = None
+        if names & _LOGGERS and id(node) in self._loggers_handled:
+            return
         if names & _LOGGERS:
             what = f"`{cst.Module(body=[]).code_for_node(node.func)}(...)`: every process logs"
             how = "create it and log under `if accelerator.is_main_process:` (or use `Accelerator(log_with=...)`)"
@@ -287,6 +320,81 @@ class MainProcessFiles(AccelifyCodemod):
             how = "build the dataset under `with accelerator.main_process_first():`"
         if what is not None:
             self.finding(node, "ACC127", f"{what}; left as it is.", how + ".")
+
+    # ------------------------------------------------------------ TensorBoard writers
+    def _main_process_loggers(self, module: cst.Module) -> None:
+        """``writer = SummaryWriter(...)`` whose every use is a statement of its own (``writer.add_scalar(...)``,
+        ``writer.close()``) where the Accelerator is: the creation and the uses go under ``if
+        accelerator.is_main_process:`` (one event file, not one per process). ``writer = SummaryWriter(...)
+        if args.log else None`` whose every use is under ``if writer is not None:`` (or ``if writer:``): the
+        main process is one more condition of its creation. Anything else keeps ACC127."""
+        for assign in findall(module, m.Assign()):
+            value = assign.value
+            call = value.body if isinstance(value, cst.IfExp) and m.matches(value.orelse, m.Name("None")) else value
+            if not isinstance(call, cst.Call) or not qualified_names(self, call.func) & _TENSORBOARD:
+                continue
+            if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+                continue
+            statement = self.get_metadata(ParentNodeProvider, assign, None)
+            accelerator = self.accelerator_at(assign)
+            if accelerator is None or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 \
+                    or under_main_process_check(self, statement):
+                continue
+            target = assign.targets[0].target
+            scope = self.get_metadata(ScopeProvider, target, None)
+            assignments = list(scope[target.value]) if scope is not None else []
+            if len(assignments) != 1:
+                continue
+            uses = [a.node for a in assignments[0].references]
+            if call is value:
+                lines = [self._logging_line(use, accelerator) for use in uses]
+                if lines and all(line is not None for line in lines):
+                    for line in [statement, *lines]:
+                        if not under_main_process_check(self, line):  # (a use already under the check stays)
+                            self._logger_lines[id(line)] = accelerator
+                    self._loggers_handled.add(id(call))
+            elif uses and all(self._checked_for_none(use, target.value) for use in uses):
+                if not any(m.matches(n, m.Attribute(attr=m.Name("is_main_process")))
+                           for n in findall(value.test, m.Attribute())):  # (converted already)
+                    self._logger_tests[id(value)] = accelerator
+                self._loggers_handled.add(id(call))
+
+    def _logging_line(self, use: cst.CSTNode, accelerator: str) -> Optional[cst.SimpleStatementLine]:
+        """The statement ``writer.add_scalar(...)`` that ``use`` (``writer``) starts, when it is a statement of
+        its own, makes no collective call, and reaches the same Accelerator; None otherwise."""
+        attribute = self.get_metadata(ParentNodeProvider, use, None)
+        call = self.get_metadata(ParentNodeProvider, attribute, None) if isinstance(attribute, cst.Attribute) else None
+        expr = self.get_metadata(ParentNodeProvider, call, None) if isinstance(call, cst.Call) else None
+        line = self.get_metadata(ParentNodeProvider, expr, None) if isinstance(expr, cst.Expr) else None
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or call.func is not attribute:
+            return None
+        if any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _COLLECTIVE_CALLS for c in findall(line, m.Call())):
+            return None
+        return line if self.accelerator_at(line) == accelerator else None
+
+    def _checked_for_none(self, use: cst.CSTNode, name: str) -> bool:
+        """Is ``use`` the test ``writer is not None`` / ``writer``, or under an ``if`` with that test?"""
+        node: Optional[cst.CSTNode] = use
+        checked = m.Comparison(left=m.Name(name), comparisons=[m.ComparisonTarget(
+            operator=m.IsNot(), comparator=m.Name("None"))]) | m.Name(name)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            parent = self.get_metadata(ParentNodeProvider, node, None)
+            if isinstance(parent, cst.If) and m.matches(parent.test, checked) and (
+                    node is parent.body or node is parent.test):
+                return True
+            node = parent
+        return False
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        accelerator = self._logger_tests.get(id(original_node))
+        if accelerator is None:
+            return updated_node
+        self.change(original_node, "the TensorBoard writer is created by the main process only")
+        test = updated_node.test
+        if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda)):
+            test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return updated_node.with_changes(test=cst.BooleanOperation(
+            left=test, operator=cst.And(), right=cst.parse_expression(f"{accelerator}.is_main_process")))
 
     # ------------------------------------------------------------ settings files
     _DUMPS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "builtins.print"})

@@ -72,13 +72,13 @@ def check(folder: Path, steps: int, timeout: float) -> dict:
             subprocess.run(["bash", "-c", "\n".join(prep)], cwd=work, env=environ, capture_output=True,
                            timeout=timeout)
         source = (work / script).read_text(encoding="utf-8")
-        result = convert_source(source, script)
+        result = convert_source(source, str(work / script))  # its local modules are read beside it
         row["findings"] = [f"{f.line}:{f.code} {f.message}" for f in result.findings]
         if result.error:
             return {**row, "result": "error", "error": result.error}
         if not result.changed:
             return {**row, "result": "refused" if result.findings else "silent"}
-        again = convert_source(result.output, script)
+        again = convert_source(result.output, str(work / script))
         if again.changed:
             return {**row, "result": "not idempotent"}
         verify = [str(Path(sys.executable).parent / "accelify"), "verify", script, "--steps", str(steps),

@@ -24,6 +24,7 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, Qualified
 
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
+from accelify.analyses.foreign import called_function
 from accelify.queries.blocks import enclosing_function
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, star_imports, string_value
@@ -310,11 +311,14 @@ def training_data(facts: Facts, plan: Plan) -> bool:
         foreign = next((f for loop in loops if (f := _foreign_source(facts, loop.iter)) is not None), None)
         if foreign is not None:
             call, module = foreign
+            function = called_function(facts, facts.module, facts.foreign, call.func)
+            known = (f"which {function.why[:160]}" if function is not None and function.why else
+                     "which accelify does not read (no such file beside this one)")
             facts.finding(
                 plan, call, "ACC135",
-                f"the training data comes from `{code_of(call)}`, a function of {module} that accelify does not "
-                "read: it cannot tell whether that is a DataLoader `prepare` should shard (left as it is, every "
-                "process would draw its own batches). File not converted.",
+                f"the training data comes from `{code_of(call)}`, a function of {module} {known}: accelify cannot "
+                "tell whether that is a DataLoader `prepare` should shard (left as it is, every process would draw "
+                "its own batches). File not converted.",
                 "build the DataLoader in this file, or pass what the function returns through "
                 "`accelerator.prepare(...)` by hand.",
             )

@@ -26,6 +26,7 @@ from accelify.queries.refs import Ref, assigned_values, key_at, ref_of
 from accelify.queries.training import direct_calls, trainer_functions
 
 if TYPE_CHECKING:
+    from accelify.analyses.foreign import Foreign
     from accelify.analyses.plan import Plan
 
 #: the kinds of object whose refs flow from the setup scope into helpers (``Plan.flow``)
@@ -37,6 +38,7 @@ class Facts(cst.CSTVisitor):
 
     def __init__(self) -> None:
         super().__init__()
+        self.foreign: Optional[Foreign] = None  # the project's other modules (accelify.analyses.foreign)
         self.assigns: dict[Ref, list[cst.Assign]] = {}
         self.assign_key: dict[int, Optional[str]] = {}  # id(assign) -> key of the function it is in
         self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name

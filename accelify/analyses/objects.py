@@ -21,6 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
+from accelify.analyses.foreign import called_function
 from accelify.analyses.facts import Facts
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
 from accelify.queries.refs import MODULE, Ref, assigned_values, key_at, ref_of
@@ -208,11 +209,11 @@ def _helper_loader(facts: Facts, assign: cst.Assign, ref: Ref) -> bool:
     """``loader = get_loader(...)`` / ``train, test = get_loaders(...)``: the value at ``ref``'s place
     is a DataLoader that a module-level function of this file builds and returns, on every return."""
     value = assign.value
-    if len(assign.targets) != 1 or not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+    if len(assign.targets) != 1 or not isinstance(value, cst.Call):
         return False
-    func = facts.functions.get(value.func.value)
-    if func is None or ref_of(facts, value.func) != (MODULE, value.func.value):
-        return False
+    func = facts.functions.get(value.func.value) if isinstance(value.func, cst.Name) else None
+    if func is None or ref_of(facts, value.func) != (MODULE, value.func.value):  # type: ignore[attr-defined]
+        return _foreign_loader(facts, assign, ref)
     target = assign.targets[0].target
     if isinstance(target, (cst.Tuple, cst.List)):
         names = [e.value for e in target.elements]
@@ -235,6 +236,21 @@ def _helper_loader(facts: Facts, assign: cst.Assign, ref: Ref) -> bool:
         if returned is None or not _built_loader(facts, returned):
             return False
     return True
+
+
+def _foreign_loader(facts: Facts, assign: cst.Assign, ref: Ref) -> bool:
+    """``loader = get_data(args)`` / ``train, test = get_loaders(args)`` where the function is another
+    module's of the project that builds and returns DataLoaders (accelify.analyses.foreign)."""
+    function = called_function(facts, facts.module, facts.foreign, assign.value.func)  # type: ignore[attr-defined]
+    if function is None or function.loaders is None:
+        return False
+    target = assign.targets[0].target
+    if isinstance(target, (cst.Tuple, cst.List)):
+        names = [e.value for e in target.elements]
+        if any(isinstance(e, cst.StarredElement) for e in target.elements) or len(names) != len(function.loaders):
+            return False
+        return any(loader and ref_of(facts, n) == ref for n, loader in zip(names, function.loaders))
+    return function.loaders == (True,) and ref_of(facts, target) == ref
 
 
 def _built_loader(facts: Facts, expr: cst.BaseExpression) -> bool:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from libcst.metadata import MetadataWrapper
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from accelify.analyses import (
     accelerator,
@@ -41,6 +42,7 @@ from accelify.analyses import (
 
 # Names other modules import from here (the analyses lived in this module before they were split).
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods)
+from accelify.analyses.foreign import Foreign, Sources, called_function
 from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.queries import walk
@@ -91,6 +93,9 @@ class Plan:
     argument_names: set[str] = field(default_factory=set)
     #: models bound again in the setup block after training (a reload for a test): plain models there
     rebound_models: list[str] = field(default_factory=list)
+    #: ids of statement calls of another module's function that writes files (accelify.analyses.foreign):
+    #: the main process makes them (ACC017)
+    foreign_writers: set[int] = field(default_factory=set)
     #: a trainer class whose optimizer is built in a method (``Trainer.train``): the objects built in
     #: ``__init__`` (``self.model``), prepared in that method with those it builds
     built_in_init: list[str] = field(default_factory=list)
@@ -194,9 +199,11 @@ class Plan:
         return None
 
 
-def analyze(wrapper: MetadataWrapper) -> Plan:
-    """The plan of the module ``wrapper`` wraps."""
+def analyze(wrapper: MetadataWrapper, sources: Optional[Sources] = None) -> Plan:
+    """The plan of the module ``wrapper`` wraps; ``sources``: the project's other modules, read for the
+    functions the script calls from them (accelify.analyses.foreign)."""
     facts = Facts()
+    facts.foreign = Foreign(sources) if sources is not None else None
     index = walk.active()
     if index is None or index.order[0] is not wrapper.module:
         with facts.resolve(wrapper):  # the metadata is only available while resolved
@@ -319,5 +326,21 @@ def _decide(facts: Facts) -> Plan:
     if not hazards.multi_process(facts, plan):
         return plan
     unused_parameters.decide(facts, plan)
+    plan.foreign_writers = foreign_writers(facts)
     plan.convertible = True
     return plan
+
+
+def foreign_writers(facts: Facts) -> set[int]:
+    """Calls, as statements of their own, of functions of the project's other modules that write
+    files (``save_images(samples, path)`` of dome272's utils): every process would write them."""
+    if facts.foreign is None:
+        return set()
+    found = set()
+    for call in facts.calls:
+        parent = facts.get_metadata(ParentNodeProvider, call, None)
+        if isinstance(parent, cst.Expr) and not (isinstance(call.func, cst.Name) and call.func.value in facts.functions):
+            function = called_function(facts, facts.module, facts.foreign, call.func)
+            if function is not None and function.writes:
+                found.add(id(call))
+    return found

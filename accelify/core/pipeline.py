@@ -20,6 +20,7 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.helpers import get_full_name_for_node
 
 from accelify.analyses.plan import analyze
+from accelify.core.project import ProjectSources
 from accelify.codemods import gather_codemods
 from accelify.codemods.base import Shared
 from accelify.core.composite import Composite, plan_names
@@ -94,7 +95,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options) -> Re
     context = CodemodContext(filename=path, full_module_name=None, full_package_name=None, wrapper=wrapper)
     context.scratch["accelify.line_length"] = options.line_length
     context.scratch["accelify.target"] = options.target
-    plan = analyze(wrapper)
+    plan = analyze(wrapper, ProjectSources(path))
     if not _report_only(options):
         plan.restrict(options.select)
 

@@ -75,8 +75,9 @@ FINDINGS: dict[str, str] = {
     "worker also called directly, an `all_gather` of evaluation counts or into a list not built for it, `broadcast`, process subgroups, FSDP, `require_backward_grad_sync`, "
     "gradients all-reduced by hand, a rank with a single-process default): the "
     "finding names it; file left unchanged (half a conversion would wrap the model or shard the data twice).",
-    "ACC127": "A logger (`SummaryWriter`, `wandb.init`), a file opened for writing or a download (`download=True`) "
-    "outside the setup code that every process runs: left as it is; reported (`if accelerator.is_main_process:`, "
+    "ACC127": "A logger (`wandb.init`, a `SummaryWriter` handed on or used inside an expression), a file opened for "
+    "writing that may differ between processes, or a download (`download=True`) outside the setup code, that every "
+    "process runs: left as it is; reported (`if accelerator.is_main_process:`, "
     "`with accelerator.main_process_first():`).",
     "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator, or the `state_dict()` of a "
     "model handed in as a parameter accelify does not follow (an early-stopping callback's `save_checkpoint(self, "
@@ -95,8 +96,9 @@ FINDINGS: dict[str, str] = {
     "`torch.randperm`, random offsets): every process would draw its own batches, so each step would average N "
     "different batches and an epoch would be N passes, not the one-process training: file left unchanged.",
     "ACC135": "The training data, or the placement of the tensors, comes from a function of another module (`from "
-    "utils import get_data`, `cuda(x, use_cuda)`, or a name a `from utils import *` brings), which accelify does "
-    "not read: whether it is a DataLoader to shard, or what it moves where, is unknown: file left unchanged.",
+    "utils import get_data`, `cuda(x, use_cuda)`, or a name a `from utils import *` brings) that accelify cannot "
+    "vouch for (not a file beside the script, or one that places tensors, downloads, writes or calls more code of "
+    "the project): whether it is a DataLoader to shard, or what it moves where, is unknown: file left unchanged.",
     "ACC136": "The device was the GPU an option picks (`f\"cuda:{args.gpu_id}\"`, `torch.device(\"cuda\", "
     "args.gpu)`): it is now `accelerator.device`, the GPU the launcher gives each process; converted, reported "
     "(`CUDA_VISIBLE_DEVICES=1` trains one process on GPU 1). When the option also picks a GPU elsewhere "

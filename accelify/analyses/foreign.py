@@ -1,0 +1,202 @@
+"""Functions of the project's other modules, read (never imported, never edited): what a script's
+``from utils import get_data`` builds and does.
+
+The pipeline hands the analysis a source of the project's modules (accelify.core.project); for a
+function the script calls, :class:`Foreign` parses its module once and answers:
+
+- ``loaders``: which of the values it returns are DataLoaders it builds, on every return
+  (``return DataLoader(...)``, ``return train_loader, test_loader``), or None when it is no such
+  function. The script's ``loader = get_data(args)`` is then a DataLoader to prepare, as for a
+  helper of its own file (accelify.analyses.objects);
+- ``writes``: it writes files (``torch.save``, ``save_image``, ``savefig``, ``open(path, "w")``,
+  an image's ``.save(path)``) and neither trains nor synchronises: every process would write them; the script's call goes under ``if accelerator.is_main_process:``
+  (accelify.codemods.main_process_files) when its result is not used;
+- ``unsafe``: it places tensors, trains, downloads or manages processes: none of the above is
+  claimed for it (ACC135 still says why the file is left).
+
+Only what the function itself does is read, not the functions it calls: one that calls another
+function of the project is ``unsafe``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import libcst as cst
+import libcst.matchers as m
+from libcst._metadata_dependent import LazyValue
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+
+from accelify.queries.names import DATALOADERS, WRITERS, qualified_names, string_value
+from accelify.queries.refs import assigned_values
+from accelify.queries.walk import findall
+
+_PLACES = frozenset({"to", "cuda", "backward", "step"})
+#: calls that train or synchronise: a function that makes one is no plain writer
+_TRAINS = frozenset({"backward", "step", "zero_grad", "all_reduce", "all_gather", "barrier", "broadcast", "gather",
+                     "reduce", "prepare", "wait_for_everyone"})
+
+
+class Sources(Protocol):
+    def module_source(self, dotted: str, level: int = 0) -> Optional[str]: ...
+
+
+@dataclass(frozen=True)
+class ForeignFunction:
+    module: str
+    name: str
+    loaders: Optional[tuple[bool, ...]]  # per returned value: a DataLoader built here; None: no loader function
+    writes: bool
+    unsafe: bool
+    why: str = ""  # what keeps it from being read as a loader function, for a finding
+
+
+class _Metadata:
+    """What the queries ask of a visitor (``get_metadata``), over a parsed module of the project."""
+
+    def __init__(self, wrapper: MetadataWrapper) -> None:
+        self._data = {p: wrapper.resolve(p) for p in (ParentNodeProvider, QualifiedNameProvider, ScopeProvider)}
+
+    def get_metadata(self, key, node, default=None):
+        value = self._data[key].get(node, default)
+        return value() if isinstance(value, LazyValue) else value
+
+
+class Foreign:
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+        self._modules: dict[tuple[str, int], Optional[tuple[cst.Module, _Metadata]]] = {}
+        self._functions: dict[tuple[str, int, str], Optional[ForeignFunction]] = {}
+
+    def function(self, dotted: str, name: str, level: int = 0) -> Optional[ForeignFunction]:
+        """The module-level function ``name`` of the project's module ``dotted``; None when the module is
+        not the project's (or cannot be read) or defines no such function."""
+        key = (dotted, level, name)
+        if key not in self._functions:
+            self._functions[key] = self._read(dotted, level, name)
+        return self._functions[key]
+
+    def _module(self, dotted: str, level: int) -> Optional[tuple[cst.Module, _Metadata]]:
+        if (dotted, level) not in self._modules:
+            text = self.sources.module_source(dotted, level)
+            parsed = None
+            if text is not None:
+                try:
+                    wrapper = MetadataWrapper(cst.parse_module(text))
+                    parsed = wrapper.module, _Metadata(wrapper)
+                except Exception:  # a module that does not parse is one accelify cannot read
+                    parsed = None
+            self._modules[(dotted, level)] = parsed
+        return self._modules[(dotted, level)]
+
+    def _read(self, dotted: str, level: int, name: str) -> Optional[ForeignFunction]:
+        parsed = self._module(dotted, level)
+        if parsed is None:
+            return None
+        module, meta = parsed
+        func = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+        if func is None:
+            return None
+        calls = findall(func.body, m.Call())
+        nested = findall(func.body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal())
+        culprit = next((call for call in calls if self._unsafe(meta, call)), None)
+        unsafe = bool(nested) or culprit is not None
+        why = ("defines functions or classes inside it" if nested else
+               f"runs `{cst.Module(body=[]).code_for_node(culprit)}`" if culprit is not None else "")
+        # a loader function that writes (a cache file) would write it on every process: not vouched for
+        writes = any(qualified_names(meta, c.func) & WRITERS or _opens_for_writing(meta, c) or m.matches(
+            c.func, m.Attribute(attr=m.Name("save") | m.Name("savefig"))) for c in calls)
+        trains = any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _TRAINS for c in calls) or any(
+            n.startswith(("torch.distributed", "accelerate")) for c in calls for n in qualified_names(meta, c.func))
+        loaders = None if unsafe or writes else _loaders(meta, func)
+        if not why and writes:
+            why = "writes files"
+        elif not why and loaders is None:
+            why = "does not return a DataLoader it builds on every return"
+        return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why)
+
+    def _unsafe(self, meta: _Metadata, call: cst.Call) -> bool:
+        """Does the call place tensors, train, synchronise, download, or run code of the project that is not
+        read here (a function or class of this module or of another of the project)?"""
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "download" and not m.matches(
+                    arg.value, m.Name("False") | m.Name("None")):
+                return True
+            if arg.keyword is not None and arg.keyword.value == "device" and string_value(arg.value) != "cpu":
+                return True
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _PLACES | _TRAINS:
+            return True
+        found = meta.get_metadata(QualifiedNameProvider, call.func, set())
+        for name in found:
+            if name.name.startswith(("torch.cuda", "torch.distributed", "accelerate")):
+                return True
+            if name.source is QualifiedNameSource.LOCAL and isinstance(call.func, cst.Name):
+                return True  # this module's own function or class: not read
+            if name.source is QualifiedNameSource.IMPORT:
+                dotted = name.name.lstrip(".").rpartition(".")[0]
+                if dotted and self.sources.module_source(dotted, len(name.name) - len(name.name.lstrip("."))):
+                    return True  # another module of the project
+        return False
+
+
+def _opens_for_writing(meta: _Metadata, call: cst.Call) -> bool:
+    if not qualified_names(meta, call.func) & {"builtins.open"} or len(call.args) < 2:
+        return False
+    mode = string_value(call.args[1].value)
+    return mode is None or bool(set(mode) & set("wax"))
+
+
+def _loaders(meta: _Metadata, func: cst.FunctionDef) -> Optional[tuple[bool, ...]]:
+    """Per position of what ``func`` returns, whether it is a DataLoader built here, on every return."""
+    returns = [r for r in findall(func.body, m.Return())]
+    if not returns or any(r.value is None for r in returns):
+        return None
+    shapes: Optional[tuple[bool, ...]] = None
+    for ret in returns:
+        value = ret.value
+        values = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        shape = tuple(_built_loader(meta, v) for v in values)  # type: ignore[arg-type]
+        if shapes is not None and shape != shapes:
+            return None
+        shapes = shape
+    return shapes if shapes is not None and any(shapes) else None
+
+
+def _built_loader(meta: _Metadata, expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Call):
+        return bool(qualified_names(meta, expr.func) & DATALOADERS)
+    values = assigned_values(meta, expr) if isinstance(expr, cst.Name) else []  # type: ignore[arg-type]
+    return bool(values) and all(isinstance(v, cst.Call) and qualified_names(meta, v.func) & DATALOADERS
+                                for v in values)
+
+
+def called_function(visitor, module: cst.Module, foreign: Optional[Foreign],
+                    func: cst.BaseExpression) -> Optional[ForeignFunction]:
+    """The project function a call's ``func`` names: imported by name (``from utils import get_data``,
+    ``from .data import get_data``, ``import utils`` then ``utils.get_data``), or brought by the one
+    ``from utils import *`` whose module defines it; None otherwise (a package's, this file's)."""
+    if foreign is None:
+        return None
+    names = {q.name for q in visitor.get_metadata(QualifiedNameProvider, func, set())
+             if q.source is QualifiedNameSource.IMPORT}
+    if len(names) == 1:
+        name = names.pop()
+        level = len(name) - len(name.lstrip("."))
+        dotted, _, attr = name.lstrip(".").rpartition(".")
+        return foreign.function(dotted, attr, level) if dotted else None
+    if names or not isinstance(func, cst.Name):
+        return None
+    scope = visitor.get_metadata(ScopeProvider, func, None)
+    if scope is None or list(scope[func.value]):
+        return None  # a name of this file
+    found = []
+    for star in findall(module, m.ImportFrom(names=m.ImportStar())):
+        if star.module is None:
+            continue
+        dotted = cst.Module(body=[]).code_for_node(star.module)
+        level = len(star.relative)
+        function = foreign.function(dotted, func.value, level)
+        if function is not None:
+            found.append(function)
+    return found[0] if len(found) == 1 else None

@@ -1,0 +1,107 @@
+"""The project's other modules, read (never imported, never edited) for the functions a script calls
+from them (issue 28, a first slice): a DataLoader built and returned by `utils.get_data(args)` is
+prepared as one built in the script; a function of the project that writes files is called by the
+main process. What such a function does that accelify cannot vouch for (places tensors, downloads,
+calls other functions of the project) keeps ACC135."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from accelify.core.pipeline import convert_source
+
+TRAIN = """\
+import torch
+{imports}
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+{build}
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in train_loader:
+    x, y = x.to(device), y.to(device)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+{after}
+"""
+
+UTILS = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_data(batch_size):
+    dataset = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    return loader
+
+
+def get_loaders(batch_size):
+    data = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+    return DataLoader(data, batch_size=batch_size), DataLoader(data, batch_size=batch_size)
+
+
+def save_samples(tensor, path):
+    torch.save(tensor.detach().cpu(), path)
+
+
+def placed_data(batch_size):
+    return DataLoader(TensorDataset(torch.randn(8, 4).cuda(), torch.randn(8, 2)), batch_size=batch_size)
+
+
+def downloaded_data(batch_size):
+    import torchvision
+    return DataLoader(torchvision.datasets.MNIST("data", download=True), batch_size=batch_size)
+"""
+
+
+def project(tmp_path: Path, imports: str, build: str, after: str = "", utils: str = UTILS):
+    (tmp_path / "utils.py").write_text(utils, encoding="utf-8")
+    train = tmp_path / "train.py"
+    text = TRAIN.format(imports=imports, build=build, after=after)
+    train.write_text(text, encoding="utf-8")
+    return text, convert_source(text, str(train))
+
+
+@pytest.mark.parametrize("imports, build", [
+    ("from utils import get_data", "train_loader = get_data(2)"),
+    ("import utils", "train_loader = utils.get_data(2)"),
+    ("from utils import *", "train_loader = get_data(2)"),
+    ("from utils import get_loaders", "train_loader, test_loader = get_loaders(2)"),
+])
+def test_a_loader_built_by_a_function_of_the_project_is_prepared(tmp_path, imports, build) -> None:
+    text, result = project(tmp_path, imports, build)
+    assert result.changed, result.findings
+    prepared = result.output.split("= accelerator.prepare(")[1].split(")")[0].split(",")
+    assert [p.strip() for p in prepared if p.strip()][:1] == ["train_loader"]
+    assert not [f for f in result.findings if f.code == "ACC135"]
+    assert (tmp_path / "utils.py").read_text(encoding="utf-8") == UTILS  # read, never edited
+    assert convert_source(result.output, str(tmp_path / "train.py")).output == result.output
+
+
+@pytest.mark.parametrize("build", ["train_loader = placed_data(2)", "train_loader = downloaded_data(2)"])
+def test_a_loader_function_accelify_cannot_vouch_for_keeps_acc135(tmp_path, build) -> None:
+    text, result = project(tmp_path, "from utils import placed_data, downloaded_data", build)
+    assert not result.changed
+    assert [f.code for f in result.findings] == ["ACC135"]
+    # the finding says what the function does that accelify cannot vouch for
+    assert ("runs `torch.randn(8, 4).cuda()`" if "placed" in build else "runs `torchvision.datasets.MNIST") in \
+        result.findings[0].message
+
+
+def test_without_the_module_on_disk_the_loader_is_unknown(tmp_path) -> None:
+    text = TRAIN.format(imports="from utils import get_data", build="train_loader = get_data(2)", after="")
+    result = convert_source(text, str(tmp_path / "train.py"))  # no such file, no utils.py beside it
+    assert not result.changed and [f.code for f in result.findings] == ["ACC135"]
+
+
+def test_a_function_of_the_project_that_writes_is_called_by_the_main_process(tmp_path) -> None:
+    text, result = project(tmp_path, "from utils import get_data, save_samples", "train_loader = get_data(2)",
+                           after='save_samples(model.weight, "weight.pt")')
+    assert result.changed, result.findings
+    assert ('if accelerator.is_main_process:\n    save_samples(accelerator.unwrap_model(model).weight, "weight.pt")'
+            in result.output)
