@@ -129,3 +129,54 @@ for step, (x, y) in enumerate(loader):
     assert "model = Net()\n" in result.output  # the first placement goes: prepare places the model
     assert "        model.to(accelerator.device).train()\n" in result.output  # the way back stays
     assert [f.code for f in result.findings] == ["ACC108"]
+
+
+def test_a_helper_that_calls_the_models_own_method_takes_the_accelerator() -> None:
+    """codesearch_deepcs: `validate(valid_set, model, ...)` runs `model.code_encoding(...)` under
+    `torch.no_grad()`: the helper gets the accelerator and reads the plain model through
+    `accelerator.unwrap_model(model)` (it was ACC120, "this code cannot reach the Accelerator")."""
+    from accelify.core.pipeline import convert_source
+
+    source = '''\
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Linear(4, 2)
+
+    def encode(self, x):
+        return self.enc(x)
+
+    def forward(self, x):
+        return self.enc(x)
+
+
+def validate(model, data):
+    with torch.no_grad():
+        return model.encode(data).sum().item()
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(validate(model, torch.randn(3, 4).to(device)))
+
+
+if __name__ == "__main__":
+    main()
+'''
+    result = convert_source(source, "train.py")
+    assert result.changed, result.findings
+    assert "def validate(accelerator, model, data):" in result.output
+    assert "return accelerator.unwrap_model(model).encode(data).sum().item()" in result.output
+    assert "validate(accelerator, model, torch.randn(3, 4).to(accelerator.device))" in result.output

@@ -21,8 +21,9 @@ import libcst.matchers as m
 
 from accelify.analyses.device_kinds import is_option_device
 from accelify.analyses.facts import KINDS, Facts, chain_root, param_names
+from accelify.analyses.unwrapping import model_attribute
 from accelify.queries.names import TORCH_SAVE, code_of, has_qname
-from accelify.queries.refs import MODULE, key_at, receiver_refs, ref_of
+from accelify.queries.refs import MODULE, assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -113,9 +114,13 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
 
     gathering = [loop for loop in facts.loops if isinstance(find_gather(facts, loop, plan), Gather)]
     # torch.save(model.state_dict(), ...) in a helper: saved once and unwrapped through the accelerator
-    saving = [c for c in facts.calls if has_qname(facts, c.func, TORCH_SAVE) and c.args and any(
-        ref in plan.flow["model"] for ref in receiver_refs(facts, c.args[0].value))]
-    for call in [*facts.backwards, *gathering, *saving]:
+    saving = [c for c in facts.calls if has_qname(facts, c.func, TORCH_SAVE) and c.args and _saves_model(
+        facts, plan, c.args[0].value)]
+    # `model.encode(...)` in a helper handed the prepared model (codesearch's `validate`): it reads the model
+    # through `accelerator.unwrap_model(...)` (ACC016), so it takes the accelerator too
+    unwrapping = [n for n in findall(facts.module, m.Attribute()) if key_at(facts, n) != plan.setup
+                  and model_attribute(facts, n, plan)]  # type: ignore[arg-type]
+    for call in [*facts.backwards, *gathering, *saving, *unwrapping]:
         key = key_at(facts, call)
         if key is None or plan.accelerator_in(key) is not None:
             continue
@@ -146,6 +151,20 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
                 ):
                     plan.needs_accelerator.add(caller)
                     changed = True
+
+
+def _saves_model(facts: Facts, plan: Plan, saved: cst.BaseExpression) -> bool:
+    """``model.state_dict()``, ``model``, or a dict (or a name bound to one: vdsr's ``state = {"epoch":
+    epoch, "model": model}``) that holds one of those: the model flows into what is saved."""
+    values = [saved]
+    if isinstance(saved, cst.Name):
+        values += [v for v in assigned_values(facts, saved) if isinstance(v, cst.Dict)]
+    for value in values:
+        parts = [e.value for e in value.elements if isinstance(e, cst.DictElement)] if isinstance(
+            value, cst.Dict) else [value]
+        if any(ref in plan.flow["model"] for part in parts for ref in receiver_refs(facts, part)):
+            return True
+    return False
 
 
 def _class_can_take_accelerator(facts: Facts, plan: Plan, name: str) -> bool:

@@ -47,10 +47,21 @@ def ref_of(visitor: cst.MetadataDependent, expr: cst.CSTNode) -> Optional[Ref]:
         scope = visitor.get_metadata(ScopeProvider, expr, None)
         if scope is None:
             return None
-        owners = {id(a.scope): a.scope for a in scope[expr.value]}
+        assignments = scope[expr.value]
+        owners = {id(a.scope): a.scope for a in assignments}
         if len(owners) != 1:
             return None
-        return scope_key(next(iter(owners.values()))), expr.value
+        owner = next(iter(owners.values()))
+        if isinstance(owner, GlobalScope) and assignments:
+            # `global model` in `main`, which alone assigns it (vdsr): the name belongs to `main`, where the
+            # objects are built and prepared, as if it were local there
+            where = {id(s): s for a in assignments
+                     if (s := visitor.get_metadata(ScopeProvider, getattr(a, "node", None), None)) is not None}
+            if len(where) == 1 and isinstance(inner := next(iter(where.values())), FunctionScope) and len(
+                    where) == len({id(s) for s in where.values()}) and all(
+                    getattr(a, "node", None) is not None for a in assignments):
+                return scope_key(inner), expr.value
+        return scope_key(owner), expr.value
     if m.matches(expr, m.Attribute(value=m.Name("self"), attr=m.Name())):
         scope = visitor.get_metadata(ScopeProvider, expr.value, None)  # type: ignore[attr-defined]
         if isinstance(scope, FunctionScope) and isinstance(scope.parent, ClassScope):
