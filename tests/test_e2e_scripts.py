@@ -76,6 +76,7 @@ RUNNABLE = {
     "device_option": Expect(evals=("Test set",), saves=("model.pt",)),
     "config_device": Expect(),
     "settings_file": Expect(),
+    "gpu_index_option": Expect(),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).
