@@ -77,3 +77,17 @@ def test_an_index_that_is_not_named_as_a_gpu_is_still_refused() -> None:
                          other="", bind="").replace('"--gpu"', '"--n"')
     result = convert_source(text, "train.py")
     assert not result.changed and [f.code for f in result.findings] == ["ACC102"]
+
+
+def test_a_file_left_unchanged_does_not_say_the_device_is_now_the_accelerators() -> None:
+    """codesearch_deepcs: refused for its checkpoints, it also printed ACC136's "it is now
+    `accelerator.device`" about a file left as it was."""
+    body = SCRIPT.format(device='torch.device(f"cuda:{args.gpu}" if torch.cuda.is_available() else "cpu")',
+                         other="", bind="")
+    head, loop = body.split("args = parser.parse_args()\n")
+    text = (head + "\n\ndef save(model, path):\n    torch.save(model.state_dict(), path)\n\n\ndef main():\n"
+            "    args = parser.parse_args()\n" + "".join("    " + line + "\n" for line in loop.strip("\n").splitlines())
+            + "    save(model, 'm.pt')\n\n\nmain()\n")
+    result = convert_source(text, "train.py")
+    assert not result.changed and result.findings, result.output
+    assert "ACC136" not in {f.code for f in result.findings}

@@ -104,7 +104,7 @@ def _index_noted(facts: Facts, plan: Plan, name: str, value: cst.BaseExpression)
                       "send every process to the one GPU. File not converted.",
                       f"remove the other uses of `{option}` (use `accelerator.device`), then convert again.")
         return False
-    facts.finding(plan, index, "ACC136",
+    facts.note(plan, index, "ACC136",
                   f"`{name}` was the GPU `{option}` picks; it is now `accelerator.device`, the GPU the launcher gives "
                   f"each process, and `{option}` no longer picks one.",
                   f"to train one process on a given GPU, run it with `CUDA_VISIBLE_DEVICES=<index>`.")

@@ -107,6 +107,12 @@ class Facts(cst.CSTVisitor):
         line, column = (found.start.line, found.start.column + 1) if found is not None else (1, 1)
         plan.findings.append(RawFinding(line, column, code, message, suggestion))
 
+    def note(self, plan: Plan, node: cst.CSTNode, code: str, message: str, suggestion: str = "") -> None:
+        """A finding about what the conversion does: reported only when the file is converted."""
+        before = len(plan.findings)
+        self.finding(plan, node, code, message, suggestion)
+        plan.conversion_notes.append(plan.findings.pop(before))
+
     def line(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line
 

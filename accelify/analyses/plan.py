@@ -96,6 +96,8 @@ class Plan:
     #: ids of statement calls of another module's function that writes files (accelify.analyses.foreign):
     #: the main process makes them (ACC017)
     foreign_writers: set[int] = field(default_factory=set)
+    #: findings that describe what the conversion did (ACC136): reported only when the file is converted
+    conversion_notes: list[RawFinding] = field(default_factory=list)
     #: a trainer class whose optimizer is built in a method (``Trainer.train``): the objects built in
     #: ``__init__`` (``self.model``), prepared in that method with those it builds
     built_in_init: list[str] = field(default_factory=list)
@@ -328,6 +330,7 @@ def _decide(facts: Facts) -> Plan:
     unused_parameters.decide(facts, plan)
     plan.foreign_writers = foreign_writers(facts)
     plan.convertible = True
+    plan.findings.extend(plan.conversion_notes)
     return plan
 
 
