@@ -36,7 +36,8 @@ from pathlib import Path
 
 from accelify.core.pipeline import convert_source
 
-_PYTHON = re.compile(r"^(?P<env>(?:[A-Z_]+=\S+\s+)*)\S*python3?\s+(?P<script>[^\s-]\S*)(?P<args>.*)$")
+_PYTHON = re.compile(r"^(?:cd\s+(?P<cd>\S+)\s*&&\s*)?(?P<env>(?:[A-Z_]+=\S+\s+)*)\S*python3?\s+"
+                     r"(?P<script>[^\s-]\S*)(?P<args>.*)$")
 
 
 def entry(run_sh: str) -> tuple[list[str], dict[str, str], str, list[str]] | None:
@@ -51,7 +52,8 @@ def entry(run_sh: str) -> tuple[list[str], dict[str, str], str, list[str]] | Non
         return None
     i, match = found
     env = dict(part.split("=", 1) for part in match["env"].split())
-    return lines[:i], env, match["script"], shlex.split(match["args"])
+    script = os.path.join(match["cd"], match["script"]) if match["cd"] else match["script"]  # `cd src && python train.py`
+    return lines[:i], env, script, shlex.split(match["args"])
 
 
 def check(folder: Path, steps: int, timeout: float) -> dict:
@@ -81,11 +83,12 @@ def check(folder: Path, steps: int, timeout: float) -> dict:
         again = convert_source(result.output, str(work / script))
         if again.changed:
             return {**row, "result": "not idempotent"}
-        verify = [str(Path(sys.executable).parent / "accelify"), "verify", script, "--steps", str(steps),
+        folder_of, name = os.path.split(script)
+        verify = [str(Path(sys.executable).parent / "accelify"), "verify", name, "--steps", str(steps),
                   "--processes", "2", "--timeout", str(timeout), "--", *args]
         # in a shell that runs run.sh's preparation again first, as run.sh runs its entry line: what it
         # exports and the servers it starts for the run (cyclegan's Visdom, stopped by its trap) are there
-        shell = "\n".join([*prep, shlex.join(verify)])
+        shell = "\n".join([*prep, (f"cd {shlex.quote(folder_of)} && " if folder_of else "") + shlex.join(verify)])
         proc = subprocess.run(["bash", "-c", shell], cwd=work, env=environ, capture_output=True, text=True,
                               timeout=4 * timeout)
         row["verdict"] = next((line for line in proc.stdout.splitlines()[::-1] if line.strip()), "")

@@ -60,3 +60,47 @@ def test_a_global_also_assigned_elsewhere_stays_the_modules() -> None:
     text = VDSR.replace("if __name__", "model = None\n\nif __name__")
     result = convert_source(text, "train.py")
     assert not result.changed and any(f.code == "ACC107" for f in result.findings)
+
+
+PROTONET = """\
+import torch
+
+
+def init_optim(opt, model):
+    '''
+    Initialize optimizer
+    '''
+    return torch.optim.Adam(params=model.parameters(), lr=opt)
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)
+    model = torch.nn.Linear(4, 2).to(device)
+    optim = init_optim(0.1, model)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_optimizer_from_a_one_line_factory_trains_the_model_handed_to_it() -> None:
+    """protonet: `optim = init_optim(options, model)`, whose body is `return torch.optim.Adam(params=
+    model.parameters(), ...)` (was ACC125: "builds no optimizer accelify recognises")."""
+    result = convert_source(PROTONET, "train.py")
+    assert result.changed, result.findings
+    assert "    loader, model, optim = accelerator.prepare(loader, model, optim)\n" in result.output
+    assert "return torch.optim.Adam(params=model.parameters(), lr=opt)" in result.output  # the factory stays
+
+
+def test_a_factory_that_builds_its_own_model_is_no_one_line_factory() -> None:
+    text = PROTONET.replace("params=model.parameters()", "params=torch.nn.Linear(4, 2).parameters()")
+    result = convert_source(text, "train.py")
+    assert not result.changed and [f.code for f in result.findings] == ["ACC125"]

@@ -126,8 +126,9 @@ def trained_here(facts: Facts, plan: Plan, optimizers) -> bool:
     facts.finding(
         plan, handed, "ACC135",
         f"the optimizer is handed to `{code_of(handed.func)}`, of {module}, which trains "
-        "in a module accelify does not read (this file runs no backward): converting this file alone would "
-        "prepare the model and leave that module's data and backward pass as they are. File not converted.",
+        "in another module, which accelify does not convert yet (this file runs no backward): converting this "
+        "file alone would prepare the model and leave that module's data and backward pass as they are. File "
+        "not converted.",
         f"convert the training loop where it is (`accelerator.prepare(...)` of its data, "
         f"`accelerator.backward(loss)`), or move the loop into this file.",
     )
@@ -157,7 +158,7 @@ def processes_here(facts: Facts, plan: Plan) -> bool:
         facts.finding(
             plan, call, "ACC135",
             f"`{code_of(func)}(...)`: the script manages its processes through {module}, which accelify does not "
-            "read: converted beside it, the script would start and synchronise processes of its own under "
+            "convert: converted beside it, the script would start and synchronise processes of its own under "
             "`accelerate launch`. File not converted.",
             "replace that module's launch, rank and collective helpers with `accelerate launch` and the "
             "Accelerator's (`accelerator.process_index`, `accelerator.gather`), then run accelify again.",

@@ -22,7 +22,7 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.foreign import called_function
-from accelify.analyses.facts import Facts
+from accelify.analyses.facts import Facts, bind_arguments
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
 from accelify.queries.refs import MODULE, Ref, assigned_values, key_at, ref_of
 from accelify.queries.walk import findall
@@ -87,7 +87,37 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
     looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
     if (is_torch_optim or looks_like_optim) and found:
         return found
-    return [] if is_torch_optim else None
+    if is_torch_optim:
+        return []
+    return _one_line_factory(facts, call)
+
+
+def _one_line_factory(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
+    """``optim = init_optim(opt, model)`` where ``def init_optim(opt, model): return torch.optim.Adam(
+    params=model.parameters(), lr=opt.learning_rate)`` (protonet): a module-level function of the file whose
+    body is that one ``return`` (a docstring aside) of an optimizer over its parameters' ``.parameters()``:
+    the optimizer trains what the call hands those parameters."""
+    if not isinstance(call.func, cst.Name) or ref_of(facts, call.func) != (MODULE, call.func.value):
+        return None
+    func = facts.functions.get(call.func.value)
+    if func is None or func.decorators or not isinstance(func.body, cst.IndentedBlock):
+        return None
+    body = [s for s in func.body.body if not m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())]))]
+    if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Return(value=m.Call())])):
+        return None
+    inner = body[0].body[0].value  # type: ignore[attr-defined]
+    if not any(n.startswith("torch.optim.") for n in qualified_names(facts, inner.func)):
+        return None
+    models = _optimizer_models(facts, inner)
+    bound = bind_arguments(func, call)
+    if not models or bound is None:
+        return None
+    handed = []
+    for model in models:
+        if not isinstance(model, cst.Name) or model.value not in bound:
+            return None  # a model the factory builds or finds itself
+        handed.append(bound[model.value])
+    return handed
 
 
 def homes(plan: Plan) -> set[str]:
