@@ -105,3 +105,67 @@ def test_a_function_of_the_project_that_writes_is_called_by_the_main_process(tmp
     assert result.changed, result.findings
     assert ('if accelerator.is_main_process:\n    save_samples(accelerator.unwrap_model(model).weight, "weight.pt")'
             in result.output)
+
+
+MAIN = """\
+import argparse
+
+from solver import Solver
+{more}
+
+
+def main(args):
+    {body}
+
+
+if __name__ == "__main__":
+    main(argparse.ArgumentParser().parse_args())
+"""
+
+SOLVER = """\
+import torch
+
+
+class Solver:
+    def __init__(self, args):
+        self.net = torch.nn.Linear(4, 2)
+        self.optim = torch.optim.Adam(self.net.parameters())
+
+    def train(self):
+        loss = self.net(torch.randn(2, 4)).sum()
+        loss.backward()
+        self.optim.step()
+
+
+class Model(torch.nn.Module):
+    pass
+"""
+
+
+def test_a_script_whose_training_runs_in_a_module_beside_it_says_so(tmp_path) -> None:
+    """betavae, unet: `net = Solver(args); net.train()`; the script trains nothing itself and was silent."""
+    from accelify.app.runner import convert_python
+    from accelify.core.result import Options
+
+    (tmp_path / "solver.py").write_text(SOLVER, encoding="utf-8")
+    text = MAIN.format(more="", body="net = Solver(args)\n    net.train()")
+    (tmp_path / "main.py").write_text(text, encoding="utf-8")
+    for result in (convert_source(text, str(tmp_path / "main.py")), convert_python(text, str(tmp_path / "main.py"),
+                                                                                   Options())):
+        assert not result.changed
+        [finding] = result.findings
+        assert (finding.code, finding.line) == ("ACC135", 3)
+        assert "it runs `Solver` of `solver`, a module beside it that trains" in finding.message
+        assert "`accelify convert solver.py`" in finding.suggestion
+
+
+@pytest.mark.parametrize("more, body", [
+    ("from solver import Model", "print(Model())"),  # a class of that module that does not train
+    ("", "print(Solver)"),  # imported, never run
+])
+def test_a_script_that_runs_nothing_that_trains_stays_silent(tmp_path, more, body) -> None:
+    (tmp_path / "solver.py").write_text(SOLVER, encoding="utf-8")
+    text = MAIN.format(more=more, body=body).replace("from solver import Solver\n", "from solver import Solver\n")
+    (tmp_path / "main.py").write_text(text, encoding="utf-8")
+    result = convert_source(text, str(tmp_path / "main.py"))
+    assert not result.changed and result.findings == []

@@ -8,7 +8,6 @@ nothing raises on user input: a file that cannot be parsed comes back with
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import replace
 from typing import Optional
@@ -20,13 +19,13 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.helpers import get_full_name_for_node
 
 from accelify.analyses.plan import analyze
-from accelify.core.project import ProjectSources
+from accelify.core.project import ProjectSources, training_elsewhere
 from accelify.codemods import gather_codemods
 from accelify.codemods.base import Shared
 from accelify.core.composite import Composite, plan_names
 from accelify.core.metadata import resolve
 from accelify.core.precheck import cpython_error, may_train, skipped, syntax_error
-from accelify.core.result import TARGETS, Options, Result, brief
+from accelify.core.result import TARGETS, Options, Result, brief, suppress
 from accelify.core.symbols import read_anywhere, undefined_names
 from accelify.queries import walk
 from accelify.queries.records import Finding, RawFinding
@@ -70,7 +69,9 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {options.target!r}")
     if not may_train(source) or skipped(source):
         # nothing to train: only the syntax is checked (CPython's parser, no LibCST tree)
-        return Result(path, source, source, error=syntax_error(source, path))
+        error = syntax_error(source, path)
+        findings = training_elsewhere(source, path) if error is None and not skipped(source) else []
+        return Result(path, source, source, error=error, findings=suppress(findings, source, options.findings))
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
@@ -81,7 +82,9 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {brief(exc)}")
     finally:
         walk.activate(None)
-    result.findings = _suppress(result.findings, source, options.findings)
+    if result.error is None and not result.changed and not result.findings:
+        result.findings = training_elsewhere(source, path)  # silent otherwise: it trains nothing itself
+    result.findings = suppress(result.findings, source, options.findings)
     return result
 
 
@@ -199,24 +202,6 @@ def _bound_name(request: tuple[str, Optional[str], Optional[str]]) -> str:
     if asname:
         return asname
     return obj if obj is not None else module.split(".")[0]
-
-
-_IGNORE = re.compile(r"#\s*accelify:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
-
-
-def _suppress(findings: list[Finding], source: str, selected: Optional[frozenset[str]]) -> list[Finding]:
-    """Drop findings not selected, or silenced by ``# accelify: ignore[ACC104]`` on their line."""
-    lines = source.splitlines()
-    kept = []
-    for finding in findings:
-        if selected is not None and finding.code not in selected:
-            continue
-        line = lines[finding.line - 1] if 0 < finding.line <= len(lines) else ""
-        match = _IGNORE.search(line)
-        if match and (match.group(1) is None or finding.code in {c.strip() for c in match.group(1).split(",")}):
-            continue
-        kept.append(finding)
-    return kept
 
 
 def _syntax_error(path: str, source: str, exc: cst.ParserSyntaxError) -> str:

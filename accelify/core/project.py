@@ -10,7 +10,10 @@ module that is not there (a package, the standard library) is None. Sources are 
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional
+
+from accelify.queries.records import Finding
 
 #: larger modules are not read (generated code, vendored libraries)
 MAX_BYTES = 1_000_000
@@ -49,3 +52,52 @@ class ProjectSources:
                 except (OSError, UnicodeDecodeError):
                     pass
         return self._texts[path]
+
+
+_FROM_IMPORT = re.compile(r"^from[ \t]+(\.?[\w.]*)[ \t]+import[ \t]+(?:\(([^)]*)\)|([\w \t,]+))", re.MULTILINE)
+_TOP_LEVEL = re.compile(r"^(?:class|def)\s+(\w+)", re.MULTILINE)
+
+
+def delegated_training(source: str, sources: ProjectSources) -> Optional[tuple[int, str, str]]:
+    """A script that trains nothing itself but runs ``if __name__ == "__main__":`` and calls a class or
+    function of a module beside it whose code runs a backward pass (betavae: ``from solver import
+    Solver`` ... ``net = Solver(args); net.train()``): (the import's line, the name, the module).
+    Text only, as the pre-check reads files that do not train."""
+    if "__main__" not in source:
+        return None
+    for match in _FROM_IMPORT.finditer(source):
+        module = match.group(1)
+        level = len(module) - len(module.lstrip("."))
+        text = sources.module_source(module.lstrip("."), level) if module.lstrip(".") else None
+        if text is None or ".backward(" not in text:
+            continue
+        bodies = _top_level_bodies(text)
+        for imported in (match.group(2) or match.group(3)).split(","):
+            name, _, local = (part.strip() for part in imported.strip().partition(" as "))
+            local = local or name
+            if name in bodies and ".backward(" in bodies[name] and re.search(rf"\b{local}\s*\(", source[match.end():]):
+                return source.count("\n", 0, match.start()) + 1, name, module
+    return None
+
+
+def _top_level_bodies(text: str) -> dict[str, str]:
+    """``{name: its source}`` for each top-level ``class``/``def`` of a module (until the next one)."""
+    found = list(_TOP_LEVEL.finditer(text))
+    return {m.group(1): text[m.start(): found[i + 1].start() if i + 1 < len(found) else len(text)]
+            for i, m in enumerate(found)}
+
+
+def training_elsewhere(source: str, path: str) -> list[Finding]:
+    """ACC135 for a script that trains nothing itself and runs a module beside it that trains: it says
+    why nothing changed (the script was silent)."""
+    found = delegated_training(source, ProjectSources(path))
+    if found is None:
+        return []
+    line, name, module = found
+    return [Finding(
+        path, line, 1, "ACC135",
+        f"this script trains nothing itself: it runs `{name}` of `{module}`, a module beside it that trains (it runs "
+        "`.backward()`), which accelify does not convert together with this script yet. Nothing changed.",
+        f"convert that module's training where it is (`accelify convert {module.lstrip('.').replace('.', '/')}.py`), "
+        "or move the training loop into this script.",
+    )]

@@ -3,6 +3,7 @@ worker processes import this without paying for the parser)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -53,3 +54,21 @@ def brief(exc: BaseException, limit: int = 200) -> str:
     syntax tree (``KeyError(Module(...))``), and a message is read on one line."""
     text = " ".join(repr(exc).split())
     return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+
+
+_IGNORE = re.compile(r"#\s*accelify:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
+
+
+def suppress(findings: list[Finding], source: str, selected: Optional[frozenset[str]]) -> list[Finding]:
+    """Drop findings not selected, or silenced by ``# accelify: ignore[ACC104]`` on their line."""
+    lines = source.splitlines()
+    kept = []
+    for finding in findings:
+        if selected is not None and finding.code not in selected:
+            continue
+        line = lines[finding.line - 1] if 0 < finding.line <= len(lines) else ""
+        match = _IGNORE.search(line)
+        if match and (match.group(1) is None or finding.code in {c.strip() for c in match.group(1).split(",")}):
+            continue
+        kept.append(finding)
+    return kept

@@ -98,7 +98,9 @@ FINDINGS: dict[str, str] = {
     "ACC135": "The training data, or the placement of the tensors, comes from a function of another module (`from "
     "utils import get_data`, `cuda(x, use_cuda)`, or a name a `from utils import *` brings) that accelify cannot "
     "vouch for (not a file beside the script, or one that places tensors, downloads, writes or calls more code of "
-    "the project): whether it is a DataLoader to shard, or what it moves where, is unknown: file left unchanged.",
+    "the project): whether it is a DataLoader to shard, or what it moves where, is unknown: file left unchanged. "
+    "Also a script that trains nothing itself and runs a class or function of a module beside it that trains "
+    "(`Solver(args).train()`): nothing changed, and it says so.",
     "ACC136": "The device was the GPU an option picks (`f\"cuda:{args.gpu_id}\"`, `torch.device(\"cuda\", "
     "args.gpu)`): it is now `accelerator.device`, the GPU the launcher gives each process; converted, reported "
     "(`CUDA_VISIBLE_DEVICES=1` trains one process on GPU 1). When the option also picks a GPU elsewhere "
