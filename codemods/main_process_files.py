@@ -11,7 +11,7 @@ from libcst.metadata import ParentNodeProvider, ScopeProvider
 from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import under_main_process_check
-from accelify.queries.blocks import binds, enclosing_function, scope_root
+from accelify.queries.blocks import binds, enclosing_function, scope_root, under
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
 from accelify.queries.refs import assigned_values, key_at, ref_of
@@ -570,12 +570,7 @@ class MainProcessFiles(AccelifyCodemod):
 
     def _in_try(self, node: cst.CSTNode) -> bool:
         """``try: os.makedirs(d) except OSError: pass`` is already safe."""
-        current = self.get_metadata(ParentNodeProvider, node, None)
-        while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
-            if isinstance(current, cst.Try):
-                return True
-            current = self.get_metadata(ParentNodeProvider, current, None)
-        return False
+        return under(self, node, (cst.Try,))
 
     def _makedirs(self, stmt: cst.CSTNode) -> Optional[cst.Call]:
         if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call())])):

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider, ScopeProvider
+from libcst.metadata import ScopeProvider
 
 from accelify.analyses.foreign import called_function
 from accelify.analyses.facts import Facts, bind_arguments
+from accelify.queries.blocks import under
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
 from accelify.queries.refs import MODULE, Ref, assigned_values, key_at, ref_of
 from accelify.queries.walk import findall
@@ -185,19 +186,9 @@ def training_objects(
     # a DataLoader built under a condition and never read (retinanet's `dataloader_val`, built only with
     # `--csv_val`, never used) has nothing to shard, and `prepare` could not take it on every path: no
     # object to prepare. (One built on every path is prepared though unread, as the Accelerate docs do.)
-    loaders = [(ref, a) for ref, a in loaders if _read_anywhere(facts, a) or not _conditional(facts, a)]
+    loaders = [(ref, a) for ref, a in loaders if _read_anywhere(facts, a) or not under(facts, a, (cst.If,))]
     plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: facts.line(x[1])))
     return True
-
-
-def _conditional(facts: Facts, node: cst.CSTNode) -> bool:
-    """Is ``node`` inside an ``if`` of its function (or of the module)?"""
-    parent = facts.get_metadata(ParentNodeProvider, node, None)
-    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-        if isinstance(parent, cst.If):
-            return True
-        parent = facts.get_metadata(ParentNodeProvider, parent, None)
-    return False
 
 
 def _read_anywhere(facts: Facts, assign: cst.Assign) -> bool:

@@ -92,6 +92,19 @@ def enclosing_function(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Opt
     return parent
 
 
+def under(visitor: cst.MetadataDependent, node: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
+    """Is ``node`` inside a node of one of ``kinds`` (``cst.If``, ``cst.Try``) of its own function (or of
+    the module, outside any function)?"""
+    from libcst.metadata import ParentNodeProvider
+
+    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, kinds):
+            return True
+        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return False
+
+
 def inside(visitor: cst.MetadataDependent, node: cst.CSTNode, ids: Union[set[int], frozenset[int]]) -> bool:
     """Is ``node``, or a node around it, one of ``ids``?"""
     from libcst.metadata import ParentNodeProvider
