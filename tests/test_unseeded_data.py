@@ -81,3 +81,46 @@ for epoch in range(2):
         "train.py")
     assert [f.code for f in hand.findings] == ["ACC124"]
     assert "the training loop runs over `range(2)`, not over a DataLoader" in hand.findings[0].message
+
+
+WRAPPED = """\
+import torch
+{seed}
+
+def infiniteloop(dataloader):
+    while True:
+        for x, y in iter(dataloader):
+            yield x, y
+
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2, shuffle=True)
+{made}
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    x, y = next(looper)
+    x, y = x.to(device), y.to(device)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("made", ["looper = infiniteloop(loader)", "looper = iter(loader)"])
+def test_an_iterator_made_before_prepare_is_refused(made):
+    """`looper = infiniteloop(loader)` before the model: it holds the loader as it was before `prepare`
+    (unsharded, and shuffled differently on every process); `next(looper)` in the loop must not be
+    taken for the prepared loader's batches."""
+    source = WRAPPED.format(seed="", made=made)
+    result = convert_source(source, "train.py")
+    assert result.output == source
+    [finding] = result.findings
+    assert finding.code == "ACC123" and "`next(looper)` from `looper`, made from a DataLoader before" in finding.message
+
+
+def test_a_seeded_iterator_made_before_prepare_converts_with_the_note():
+    source = WRAPPED.format(seed="torch.manual_seed(0)", made="looper = infiniteloop(loader)")
+    result = convert_source(source, "train.py")
+    assert result.changed and [f.code for f in result.findings] == ["ACC124"]

@@ -25,7 +25,7 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, Qualified
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import called_function
-from accelify.queries.blocks import enclosing_function
+from accelify.queries.blocks import enclosing_function, inside
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, star_imports, string_value
 from accelify.queries.refs import assigned_values, receiver_refs, ref_of
@@ -283,6 +283,19 @@ def training_data(facts: Facts, plan: Plan) -> bool:
         if not loops or any(_prepared_data(facts, plan, loop.iter, 0) or _bound_by_prepare(facts, loop.iter)
                             for loop in loops) or _drawn_by_next(facts, plan, loops[-1]):
             continue
+        early = _iterator_made_before(facts, plan, loops[-1])
+        if early is not None and not any(has_qname(facts, c.func, _SEEDS) for c in facts.calls):
+            # (seeded, every process draws the same batches from it: ACC124 below says so)
+            iterator, call = early
+            facts.finding(
+                plan, call, "ACC123",
+                f"the training loop draws with `{code_of(call)}` from `{code_of(iterator)}`, made from a DataLoader "
+                "before the loop, where `prepare` has not run yet: it would keep drawing from the loader as it was, "
+                "unsharded (and shuffled differently on every process). File not converted.",
+                f"make `{code_of(iterator)}` after `accelerator.prepare(...)` (inside the training loop, or after "
+                "the line that builds the optimizer), then convert again.",
+            )
+            return False
         for loop in loops:
             if _loader_like(facts, loop.iter, set()):
                 drawn = peel_iterable(facts, loop.iter)
@@ -339,7 +352,7 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                     "one process does), or build a `Dataset` + `DataLoader`, which `prepare` shards.",
                 )
                 return False
-            facts.finding(
+            facts.note(
                 plan, loops[0], "ACC124",
                 f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
                 "DataLoader: its data is not sharded, every process trains on all of it (correct, but no faster).",
@@ -436,12 +449,36 @@ def _unseeded_draw(facts: Facts) -> Optional[cst.Call]:
 
 def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:
     """Does the loop draw its batches with ``next(...)`` from a prepared dataloader (wgan: ``data_iter =
-    iter(dataloader)`` per epoch, then ``data = next(data_iter)`` in a ``while`` inside)?"""
+    iter(dataloader)`` per epoch, then ``data = next(data_iter)`` in a ``while`` inside)? The iterator must
+    be made in the loop: one made before it (``looper = infiniteloop(dataloader)`` in the setup code) holds
+    the loader as it was before ``prepare``, unsharded."""
     return any(
         call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}
-        and _prepared_data(facts, plan, call.args[0].value, 0)
+        and _made_in(facts, call.args[0].value, loop) and _prepared_data(facts, plan, call.args[0].value, 0)
         for call in findall(loop.body, m.Call(func=m.Name("next")))
     )
+
+
+def _iterator_made_before(facts: Facts, plan: Plan, loop: cst.For) -> Optional[tuple[cst.Name, cst.Call]]:
+    """``looper = infiniteloop(dataloader)`` (or ``iter(dataloader)``) before the loop, ``next(looper)`` in it:
+    (the iterator, the ``next`` call)."""
+    for call in findall(loop.body, m.Call(func=m.Name("next"))):
+        if call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}:
+            iterator = call.args[0].value
+            if isinstance(iterator, cst.Name) and not _made_in(facts, iterator, loop) and _prepared_data(
+                    facts, plan, iterator, 0):
+                return iterator, call
+    return None
+
+
+def _made_in(facts: Facts, iterator: cst.BaseExpression, loop: cst.For) -> bool:
+    """Is ``iterator`` a name every assignment of which is inside ``loop``?"""
+    if not isinstance(iterator, cst.Name):
+        return False
+    scope = facts.get_metadata(ScopeProvider, iterator, None)
+    assignments = list(scope[iterator.value]) if scope is not None else []
+    return bool(assignments) and all(
+        (node := getattr(a, "node", None)) is not None and inside(facts, node, {id(loop)}) for a in assignments)
 
 
 def _prepared_data(facts: Facts, plan: Plan, expr: cst.BaseExpression, depth: int) -> bool:

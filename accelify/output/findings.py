@@ -64,11 +64,12 @@ FINDINGS: dict[str, str] = {
     "ACC122": "A scheduler stepped both once per batch and outside the batch loop: no `prepare` choice keeps its "
     "learning rates those of one process; file left unchanged.",
     "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (built elsewhere, passed in, held "
-    "in a dict of loaders, or returned by a helper that may return something else): every process would train on all of it; file left "
-    "unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
+    "in a dict of loaders, or returned by a helper that may return something else), or with `next(it)` from an "
+    "iterator made of one before `prepare` runs (`it = infiniteloop(loader)` in the setup code, no seed): every "
+    "process would train on all of it; file left unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
     "they are prepared where it is called.",
     "ACC124": "The training data is no DataLoader (hand-sliced tensors, `get_batch()`): converted, but not "
-    "sharded, every process trains on all of it; reported.",
+    "sharded, every process trains on all of it; reported (with a converted file only).",
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
     "from a factory): file left unchanged.",
     "ACC126": "A script that manages its own processes with something accelify does not convert (an `mp.spawn`ed "
