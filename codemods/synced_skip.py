@@ -27,7 +27,9 @@ class SyncedSkip(AccelifyCodemod):
     its backward while the others run theirs, and from then on the processes' gradient
     all-reduces no longer pair up (a hang, or gradients of different steps averaged).  Raising
     Accelerate's trigger where the condition holds and skipping on ``check_trigger()`` makes every
-    process skip that step together; in one process it is the same skip.
+    process skip that step together; in one process it is the same skip.  ``check_trigger()`` is a
+    collective: a skip nested in another condition, which only some processes would reach, is
+    refused (ACC137).
 
     Before::
 
@@ -82,6 +84,18 @@ class SyncedSkip(AccelifyCodemod):
         accelerator = self.accelerator_at(original_node)
         if culprit is None or accelerator is None:
             return updated_node
+        if not self._in_loop_body(original_node):
+            # `check_trigger()` is a collective: under another condition, only some processes would reach it
+            self.refuse(
+                original_node, "ACC137",
+                f"a batch is skipped before its backward pass on `{culprit}`, which each process computes from its "
+                "own shard, inside another condition: the processes would run different numbers of backward "
+                "passes (their gradient all-reduces stop pairing up), and a check every process makes cannot go "
+                "there. File not converted.",
+                f"decide the skip directly in the loop (`if <condition>: {accelerator}.set_trigger()`, then "
+                f"`if {accelerator}.check_trigger(): continue` at the loop's own level).",
+            )
+            return updated_node
         self.change(original_node, f"the skip decided by `{culprit}` is taken by every process together")
         self.replaced(original_node)
         body = list(updated_node.body.body)  # type: ignore[attr-defined]
@@ -90,6 +104,11 @@ class SyncedSkip(AccelifyCodemod):
         check = cst.If(test=cst.parse_expression(f"{accelerator}.check_trigger()"),
                        body=updated_node.body.with_changes(body=[body[-1]]))
         return cst.FlattenSentinel([raise_it, check])  # the `continue` keeps its comment
+
+    def _in_loop_body(self, statement: cst.If) -> bool:
+        """Is ``statement`` a statement of a loop's own body (not nested in an ``if``, ``with`` or ``try``)?"""
+        block = self.get_metadata(ParentNodeProvider, statement, None)
+        return isinstance(self.get_metadata(ParentNodeProvider, block, None), (cst.For, cst.While))
 
     def _skips_backward(self, statement: cst.If) -> bool:
         """Is there a backward pass after ``statement`` in the body of the loop its ``continue`` continues?"""

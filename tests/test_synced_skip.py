@@ -51,3 +51,12 @@ def test_what_the_skip_does_first_stays_under_its_condition() -> None:
 def test_other_skips_stay_as_they_are(before, after) -> None:
     result = convert_source(SCRIPT.format(before=before, after=after), "train.py")
     assert result.changed and "trigger" not in result.output
+
+
+def test_a_skip_under_another_condition_is_refused() -> None:
+    """`check_trigger()` is a collective: under `if step % 2:` (or another per-process test) only some
+    processes would reach it. The file is left as it is (ACC137)."""
+    source = SCRIPT.format(before="    if x.sum() > 0:\n        if torch.isnan(loss):\n            continue", after="")
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    assert [f.code for f in result.findings] == ["ACC137"]

@@ -106,6 +106,10 @@ FINDINGS: dict[str, str] = {
     "args.gpu)`): it is now `accelerator.device`, the GPU the launcher gives each process; converted, reported "
     "(`CUDA_VISIBLE_DEVICES=1` trains one process on GPU 1). When the option also picks a GPU elsewhere "
     "(`torch.cuda.set_device(args.gpu)`), ACC102.",
+    "ACC137": "A batch skipped before its backward pass on a value each process computes from its own shard, "
+    "inside another condition (`if a: if torch.isnan(loss): continue`): the processes would run different numbers "
+    "of backward passes, and the check every process must make to skip together (ACC026) cannot go there; file "
+    "left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
     # ACC14x: notebooks (ACC13x is left to the analysis of scripts).
