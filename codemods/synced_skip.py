@@ -29,7 +29,7 @@ class SyncedSkip(AccelifyCodemod):
     Accelerate's trigger where the condition holds and skipping on ``check_trigger()`` makes every
     process skip that step together; in one process it is the same skip.  ``check_trigger()`` is a
     collective: a skip nested in another condition, which only some processes would reach, is
-    refused (ACC137).
+    refused (ACC137); in the body of a ``with`` or ``try`` it is reached by every process.
 
     Before::
 
@@ -106,9 +106,17 @@ class SyncedSkip(AccelifyCodemod):
         return cst.FlattenSentinel([raise_it, check])  # the `continue` keeps its comment
 
     def _in_loop_body(self, statement: cst.If) -> bool:
-        """Is ``statement`` a statement of a loop's own body (not nested in an ``if``, ``with`` or ``try``)?"""
-        block = self.get_metadata(ParentNodeProvider, statement, None)
-        return isinstance(self.get_metadata(ParentNodeProvider, block, None), (cst.For, cst.While))
+        """Does every pass of the loop reach ``statement``: is it in the loop's own body, or in the body of a
+        ``with`` or ``try`` there (retinanet's step is in a ``try``), not under an ``if``?"""
+        node: cst.CSTNode = statement
+        while True:
+            block = self.get_metadata(ParentNodeProvider, node, None)
+            owner = self.get_metadata(ParentNodeProvider, block, None)
+            if isinstance(owner, (cst.For, cst.While)):
+                return owner.body is block
+            if not isinstance(owner, (cst.With, cst.Try)) or owner.body is not block:
+                return False
+            node = owner
 
     def _skips_backward(self, statement: cst.If) -> bool:
         """Is there a backward pass after ``statement`` in the body of the loop its ``continue`` continues?"""

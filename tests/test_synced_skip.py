@@ -60,3 +60,13 @@ def test_a_skip_under_another_condition_is_refused() -> None:
     result = convert_source(source, "train.py")
     assert not result.changed
     assert [f.code for f in result.findings] == ["ACC137"]
+
+
+def test_a_skip_in_a_try_is_reached_by_every_process() -> None:
+    """retinanet: the step is in a `try:` (with `except Exception: continue`): its body runs on every process."""
+    source = SCRIPT.format(before="    try:\n        if torch.isnan(loss):\n            continue\n    except Exception:\n        pass",
+                           after="")
+    result = convert_source(source, "train.py")
+    assert result.changed, result.findings
+    assert ("        if torch.isnan(loss):\n            accelerator.set_trigger()\n"
+            "        if accelerator.check_trigger():\n            continue\n") in result.output
