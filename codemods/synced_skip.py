@@ -1,4 +1,5 @@
-"""ACC026: a batch skipped before its backward pass is skipped by every process together."""
+"""ACC026: a batch skipped before its backward pass, or a training loop left, on a value of one process's
+shard, by every process together."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analyses.early_stop import EarlyStops
+from accelify.analyses.early_stop import EarlyStops, jump_if, reached_every_pass
 from accelify.analyses.plan import Plan
 from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 
-_CONTINUE = m.SimpleStatementLine(body=[m.Continue()])
-_SKIP = m.If(body=m.IndentedBlock(body=[m.ZeroOrMore(), _CONTINUE]), orelse=None)
 _BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
 
 
@@ -29,7 +28,9 @@ class SyncedSkip(AccelifyCodemod):
     Accelerate's trigger where the condition holds and skipping on ``check_trigger()`` makes every
     process skip that step together; in one process it is the same skip.  ``check_trigger()`` is a
     collective: a skip nested in another condition, which only some processes would reach, is
-    refused (ACC137); in the body of a ``with`` or ``try`` it is reached by every process.
+    refused (ACC137); in the body of a ``with`` or ``try`` it is reached by every process.  The same
+    holds for ``if <value of this shard>: break`` out of a loop that trains: every process leaves it
+    at the same step (one under another condition stays reported, ACC119).
 
     Before::
 
@@ -64,27 +65,31 @@ class SyncedSkip(AccelifyCodemod):
 
     CODE = "ACC026"
     NAME = "synced-skip"
-    DESCRIPTION = ("A batch skipped before its backward pass on a value of the batch (`if loss == 0: continue`) is "
-                   "skipped by every process together: accelerator.set_trigger() + check_trigger().")
+    DESCRIPTION = ("A batch skipped before its backward pass (`if loss == 0: continue`), or a training loop left "
+                   "(`if loss.item() < 1e-4: break`), on a value of one process's shard, by every process together: "
+                   "accelerator.set_trigger() + check_trigger().")
     REQUIRES = frozenset({"ACC001"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "continue" in code and not plan.evaluation
+        return ("continue" in code or "break" in code) and not plan.evaluation
 
     def visit_Module(self, node: cst.Module) -> None:
         facts_loops = [n for n in findall(node, m.For() | m.While())]
         self._stops = EarlyStops(self, self.plan, node, facts_loops, [])  # type: ignore[arg-type]
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Union[cst.BaseStatement, cst.FlattenSentinel]:
-        if not m.matches(original_node, _SKIP) or not self._skips_backward(original_node) or findall(
-                cst.IndentedBlock(body=original_node.body.body[:-1]), m.Continue() | m.Break() | m.Return()):
+        skip = jump_if(original_node, cst.Continue) and self._skips_backward(original_node)
+        stop = not skip and jump_if(original_node, cst.Break) and self._leaves_training(original_node)
+        if not skip and not stop:
             return updated_node
         culprit = self._stops.guarded_by(original_node.body.body[-1])  # type: ignore[attr-defined]
         accelerator = self.accelerator_at(original_node)
         if culprit is None or accelerator is None:
             return updated_node
-        if not self._in_loop_body(original_node):
+        if not reached_every_pass(self, original_node):
+            if stop:
+                return updated_node  # reported (ACC119), converted around
             # `check_trigger()` is a collective: under another condition, only some processes would reach it
             self.refuse(
                 original_node, "ACC137",
@@ -96,27 +101,25 @@ class SyncedSkip(AccelifyCodemod):
                 f"`if {accelerator}.check_trigger(): continue` at the loop's own level).",
             )
             return updated_node
-        self.change(original_node, f"the skip decided by `{culprit}` is taken by every process together")
+        what = "skip" if skip else "stop"
+        self.change(original_node, f"the {what} decided by `{culprit}` is taken by every process together")
         self.replaced(original_node)
         body = list(updated_node.body.body)  # type: ignore[attr-defined]
         raise_it = updated_node.with_changes(body=updated_node.body.with_changes(
             body=[*body[:-1], cst.parse_statement(f"{accelerator}.set_trigger()")]))
         check = cst.If(test=cst.parse_expression(f"{accelerator}.check_trigger()"),
                        body=updated_node.body.with_changes(body=[body[-1]]))
-        return cst.FlattenSentinel([raise_it, check])  # the `continue` keeps its comment
+        return cst.FlattenSentinel([raise_it, check])  # the jump keeps its comment
 
-    def _in_loop_body(self, statement: cst.If) -> bool:
-        """Does every pass of the loop reach ``statement``: is it in the loop's own body, or in the body of a
-        ``with`` or ``try`` there (retinanet's step is in a ``try``), not under an ``if``?"""
+    def _leaves_training(self, statement: cst.If) -> bool:
+        """Does the loop a ``break`` in ``statement`` leaves train (a backward pass in it)?"""
         node: cst.CSTNode = statement
-        while True:
-            block = self.get_metadata(ParentNodeProvider, node, None)
-            owner = self.get_metadata(ParentNodeProvider, block, None)
-            if isinstance(owner, (cst.For, cst.While)):
-                return owner.body is block
-            if not isinstance(owner, (cst.With, cst.Try)) or owner.body is not block:
+        while not isinstance(node, (cst.For, cst.While)):
+            parent = self.get_metadata(ParentNodeProvider, node, None)
+            if parent is None or isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Module)):
                 return False
-            node = owner
+            node = parent
+        return bool(findall(node.body, _BACKWARD))
 
     def _skips_backward(self, statement: cst.If) -> bool:
         """Is there a backward pass after ``statement`` in the body of the loop its ``continue`` continues?"""

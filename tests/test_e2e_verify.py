@@ -243,3 +243,25 @@ def test_a_skip_taken_together_keeps_the_processes_in_step(tmp_path):
     result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked,
                     converted_source=per_process, timeout=30)
     assert result.distributed.verdict in ("timeout", "uneven-steps", "failed"), result.distributed.message
+
+
+def test_a_stop_taken_together_keeps_the_processes_in_step(tmp_path):
+    """fixtures/synced_skip with `break` for `continue`: each epoch stops at the batch of outliers. Converted,
+    every process stops there together (ACC026); left per process, the process whose shard holds the
+    outliers stops and the other trains on: verify reports it."""
+    folder = tmp_path
+    text = (FIXTURES / "synced_skip" / "before.py").read_text(encoding="utf-8")
+    text = text.replace("continue  # skip the outliers", "break  # stop at the outliers")
+    (folder / "train.py").write_text(text, encoding="utf-8")
+    result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked)
+    assert result.verdict == "identical", result.message
+    assert result.original.steps == [10]  # 2 epochs, 5 batches before the outliers in each
+    assert result.distributed.verdict == "ok", result.distributed.message
+    assert result.distributed.run.steps == [4, 4]
+    converted = convert_source(text, "train.py").output
+    per_process = converted.replace("accelerator.set_trigger()\n            if accelerator.check_trigger():\n"
+                                    "                break", "break")
+    assert per_process != converted
+    result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked,
+                    converted_source=per_process, timeout=30)
+    assert result.distributed.verdict in ("timeout", "uneven-steps", "failed"), result.distributed.message

@@ -76,6 +76,8 @@ class EarlyStops:
             culprits = sorted({n for test in guards for n in _reads(test)} & tainted)
             if not culprits:
                 continue
+            if synced_break(self.visitor, exit_) and self.plan.accelerator_in(key_at(self.visitor, exit_)):
+                continue  # ACC026 takes it on every process together
             pos = self.visitor.get_metadata(PositionProvider, exit_).start
             kind = "break" if isinstance(exit_, cst.Break) else "return"
             accelerator = self.plan.accelerator
@@ -174,3 +176,39 @@ class EarlyStops:
                 tests.append(parent.test)
             parent = self.parent(parent)
         return tests
+
+
+def reached_every_pass(visitor: cst.MetadataDependent, statement: cst.CSTNode) -> bool:
+    """Does every pass of the loop around ``statement`` reach it: is it in the loop's own body, or in the
+    body of a ``with`` or ``try`` there, not under an ``if``? (Where a collective such as
+    ``check_trigger()`` may go: every process makes it.)"""
+    node = statement
+    while True:
+        block = visitor.get_metadata(ParentNodeProvider, node, None)
+        owner = visitor.get_metadata(ParentNodeProvider, block, None)
+        if isinstance(owner, (cst.For, cst.While)):
+            return owner.body is block
+        if not isinstance(owner, (cst.With, cst.Try)) or owner.body is not block:
+            return False
+        node = owner
+
+
+#: ``if <test>: ...; break`` (``continue``): the jump last, nothing else jumps
+def jump_if(node: cst.CSTNode, jump: type) -> bool:
+    if not isinstance(node, cst.If) or node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
+        return False
+    body = node.body.body
+    last = body[-1] if body else None
+    if not isinstance(last, cst.SimpleStatementLine) or len(last.body) != 1 or not isinstance(last.body[0], jump):
+        return False
+    return not findall(cst.IndentedBlock(body=list(body[:-1])), m.Continue() | m.Break() | m.Return())
+
+
+def synced_break(visitor: cst.MetadataDependent, exit_: cst.CSTNode) -> bool:
+    """A ``break`` ACC026 takes together (``set_trigger``/``check_trigger``): the last statement of an ``if``
+    with nothing else jumping, which every pass of its loop reaches."""
+    line = visitor.get_metadata(ParentNodeProvider, exit_, None)
+    block = visitor.get_metadata(ParentNodeProvider, line, None) if line is not None else None
+    statement = visitor.get_metadata(ParentNodeProvider, block, None) if block is not None else None
+    return isinstance(exit_, cst.Break) and statement is not None and jump_if(statement, cst.Break) and \
+        reached_every_pass(visitor, statement)

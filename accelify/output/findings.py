@@ -53,7 +53,8 @@ FINDINGS: dict[str, str] = {
     "ACC118": "An optimizer wrapper (Lookahead, ScheduledOptim, ...): `prepare` only wraps `torch.optim.Optimizer`, "
     "so accumulation and mixed precision are not converted; reported.",
     "ACC119": "A `break`/`return` out of the training loop decided by a value each process computes from its own "
-    "shard (a validation loss, a batch loss): processes would stop at different steps; reported "
+    "shard (a validation loss, a batch loss), where ACC026 cannot take it together (a `return`, or under another "
+    "condition): processes would stop at different steps; reported "
     "(`accelerator.set_trigger()` + `accelerator.check_trigger()`).",
     "ACC120": "A method of the model itself (`model.encode(...)`) called in the training step after `prepare`: "
     "the DistributedDataParallel wrapper of a multi-process run does not have it, and the plain model would skip "
