@@ -75,17 +75,27 @@ class SyncedSkip(AccelifyCodemod):
         return ("continue" in code or "break" in code) and not plan.evaluation
 
     def visit_Module(self, node: cst.Module) -> None:
-        facts_loops = [n for n in findall(node, m.For() | m.While())]
-        self._stops = EarlyStops(self, self.plan, node, facts_loops, [])  # type: ignore[arg-type]
+        loops = [n for n in findall(node, m.For() | m.While())]
+        self._stops = EarlyStops(self, self.plan, node, loops, [])  # type: ignore[arg-type]
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Union[cst.BaseStatement, cst.FlattenSentinel]:
         skip = jump_if(original_node, cst.Continue) and self._skips_backward(original_node)
-        stop = not skip and jump_if(original_node, cst.Break) and self._leaves_training(original_node)
+        stop = not skip and jump_if(original_node, cst.Break) and self._stops.leaves_trained_loop(
+            original_node.body.body[-1].body[0])  # type: ignore[attr-defined]
         if not skip and not stop:
             return updated_node
         culprit = self._stops.guarded_by(original_node.body.body[-1])  # type: ignore[attr-defined]
         accelerator = self.accelerator_at(original_node)
-        if culprit is None or accelerator is None:
+        if culprit is None:
+            return updated_node
+        if accelerator is None:
+            if stop and reached_every_pass(self, original_node):  # (ACC119 left it to this codemod)
+                self.finding(original_node.body.body[-1], "ACC119",  # type: ignore[attr-defined]
+                             f"`break` out of the training loop decided by `{culprit}`, which each process computes "
+                             "from its own shard, where no Accelerator is in reach: processes would stop at different "
+                             "steps and the next collective hangs.",
+                             "hand the accelerator here, call `accelerator.set_trigger()` where the condition holds "
+                             "and leave the loop on `if accelerator.check_trigger(): break`.")
             return updated_node
         if not reached_every_pass(self, original_node):
             if stop:
@@ -110,16 +120,6 @@ class SyncedSkip(AccelifyCodemod):
         check = cst.If(test=cst.parse_expression(f"{accelerator}.check_trigger()"),
                        body=updated_node.body.with_changes(body=[body[-1]]))
         return cst.FlattenSentinel([raise_it, check])  # the jump keeps its comment
-
-    def _leaves_training(self, statement: cst.If) -> bool:
-        """Does the loop a ``break`` in ``statement`` leaves train (a backward pass in it)?"""
-        node: cst.CSTNode = statement
-        while not isinstance(node, (cst.For, cst.While)):
-            parent = self.get_metadata(ParentNodeProvider, node, None)
-            if parent is None or isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Module)):
-                return False
-            node = parent
-        return bool(findall(node.body, _BACKWARD))
 
     def _skips_backward(self, statement: cst.If) -> bool:
         """Is there a backward pass after ``statement`` in the body of the loop its ``continue`` continues?"""

@@ -90,6 +90,13 @@ class EarlyStops:
             ))
         return out
 
+    def leaves_trained_loop(self, exit_: cst.CSTNode) -> bool:
+        """Does ``exit_`` (a ``break``) leave a loop that trains, as ACC119 counts them (over a prepared
+        loader, around one, or calling the function that has one)?"""
+        loader_loops = [loop for loop in self.loops if self._over_loader(loop)]
+        _, loop, _ = self._context(exit_)
+        return loop is not None and self._trains(loop, loader_loops, {key_at(self.visitor, lp) for lp in loader_loops})
+
     def guarded_by(self, node: cst.CSTNode) -> Optional[str]:
         """A name read by an ``if``/``while`` around ``node`` whose value differs per process, if any."""
         root: Optional[cst.CSTNode] = self.parent(node)
