@@ -11,8 +11,9 @@ function the script calls, :class:`Foreign` parses its module once and answers:
 - ``writes``: it writes files (``torch.save``, ``save_image``, ``savefig``, ``open(path, "w")``,
   an image's ``.save(path)``) and neither trains nor synchronises: every process would write them; the script's call goes under ``if accelerator.is_main_process:``
   (accelify.codemods.main_process_files) when its result is not used;
-- ``unsafe``: it places tensors, trains, downloads or manages processes: none of the above is
-  claimed for it (ACC135 still says why the file is left).
+- ``unsafe``: it places tensors, trains, downloads or unpacks data (``download=True``,
+  ``urlretrieve``, ``extractall``), makes a directory without ``exist_ok=True`` or manages
+  processes: none of the above is claimed for it (ACC135 still says why the file is left).
 
 Only what the function itself does is read, not the functions it calls: one that calls another
 function of the project is ``unsafe``.
@@ -36,6 +37,12 @@ _PLACES = frozenset({"to", "cuda", "backward", "step"})
 #: calls that train or synchronise: a function that makes one is no plain writer
 _TRAINS = frozenset({"backward", "step", "zero_grad", "all_reduce", "all_gather", "barrier", "broadcast", "gather",
                      "reduce", "prepare", "wait_for_everyone"})
+
+
+#: what downloads or unpacks data (every process would, at once)
+_FETCHES = ("urllib.", "requests.", "wget.", "gdown.", "torch.hub.", "huggingface_hub.", "datasets.load_dataset",
+            "zipfile.", "tarfile.", "shutil.unpack_archive", "torchvision.datasets.utils.download")
+_FETCHES_ATTRS = frozenset({"download", "extractall", "extract"})
 
 
 class Sources(Protocol):
@@ -127,10 +134,16 @@ class Foreign:
                 return True
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in _PLACES | _TRAINS:
             return True
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _FETCHES_ATTRS:
+            return True  # `dataset.download()`, `archive.extractall(...)`: every process would
         found = meta.get_metadata(QualifiedNameProvider, call.func, set())
         for name in found:
-            if name.name.startswith(("torch.cuda", "torch.distributed", "accelerate")):
+            if name.name.startswith(("torch.cuda", "torch.distributed", "accelerate", *_FETCHES)):
                 return True
+            if name.name in ("os.makedirs", "os.mkdir") and not any(
+                    a.keyword is not None and a.keyword.value == "exist_ok" and m.matches(a.value, m.Name("True"))
+                    for a in call.args):
+                return True  # two processes race to make it
             if name.source is QualifiedNameSource.LOCAL and isinstance(call.func, cst.Name):
                 return True  # this module's own function or class: not read
             if name.source is QualifiedNameSource.IMPORT:
