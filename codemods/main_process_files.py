@@ -9,13 +9,14 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.early_stop import EarlyStops
+from accelify.analyses.hazards import COLLECTIVES
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import under_main_process_check
-from accelify.queries.blocks import binds, enclosing_function, scope_root, under
+from accelify.queries.blocks import binds, enclosing_function, scope_root, statement_line, under
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
 from accelify.queries.refs import assigned_values, key_at, ref_of
-from accelify.queries.settings import same_on_every_process
+from accelify.queries.settings import SETTINGS_WRITERS, same_on_every_process
 from accelify.queries.training import setup_blocks
 from accelify.queries.trees import Item
 from accelify.queries.walk import findall
@@ -27,17 +28,13 @@ _TABLE_WRITERS = ("to_csv", "to_parquet", "to_json", "to_excel", "to_pickle", "t
 _MAKEDIRS = frozenset({"os.makedirs"})
 _MKDIR = frozenset({"os.makedirs", "os.mkdir"})
 _EXISTS = frozenset({"os.path.exists", "os.path.isdir"})
-# Left to the user (ACC127): what they write depends on the process, or they set up state.
 #: TensorBoard writers: created and written by the main process when every use is a statement of its own
 _TENSORBOARD = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
                           "tensorboardX.SummaryWriter"})
+#: loggers every process would run: left to the user (ACC127) but for the TensorBoard writers above
+_LOGGERS = _TENSORBOARD | frozenset({"wandb.init", "mlflow.start_run"})
 #: calls every process must make: a logging statement that makes one cannot go under the main process
-_COLLECTIVE_CALLS = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone",
-                               "all_reduce", "all_gather", "barrier", "broadcast", "check_trigger"})
-_LOGGERS = frozenset({
-    "torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
-    "tensorboardX.SummaryWriter", "wandb.init", "mlflow.start_run",
-})
+_COLLECTIVE_CALLS = COLLECTIVES | frozenset({"all_reduce", "all_gather", "barrier", "broadcast", "check_trigger"})
 
 
 #: URL fetches: a helper that calls one downloads
@@ -202,12 +199,6 @@ class MainProcessFiles(AccelifyCodemod):
                 if accelerator is not None:
                     self._first[id(statement)] = accelerator
 
-    def _line_of_statement(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        current: Optional[cst.CSTNode] = node
-        while current is not None and not isinstance(current, cst.SimpleStatementLine):
-            current = self.get_metadata(ParentNodeProvider, current, None)
-        return current
-
     def _download_guard(self, stmt: Optional[cst.CSTNode]) -> Optional[str]:
         """The accelerator to put a downloading statement under ``main_process_first()`` with, when
         it is a statement of the setup scope that runs after the Accelerator can exist."""
@@ -243,7 +234,7 @@ class MainProcessFiles(AccelifyCodemod):
             return False
         calls = [c for c in findall(self._module, m.Call(func=m.Name(function.name.value)))]
         return bool(calls) and all(
-            id(self._line_of_statement(c)) in self._first or self._main_process_first(c)
+            id(statement_line(self, c)) in self._first or self._main_process_first(c)
             or self._helper_guarded(c, seen | {function.name.value}) for c in calls)
 
     def _main_process_first(self, node: cst.CSTNode) -> bool:
@@ -313,7 +304,7 @@ class MainProcessFiles(AccelifyCodemod):
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
         elif self.plan.evaluation and self._per_batch_write(node):
             return
-        elif _downloads(node) and id(self._line_of_statement(node)) not in self._first \
+        elif _downloads(node) and id(statement_line(self, node)) not in self._first \
                 and not self._main_process_first(node) and not self._helper_guarded(node):
             flag = next(a for a in node.args if a.keyword is not None and a.keyword.value == "download")
             what = f"`download={cst.Module(body=[]).code_for_node(flag.value)}`: every process downloads into the same place at once"
@@ -397,8 +388,6 @@ class MainProcessFiles(AccelifyCodemod):
             left=test, operator=cst.And(), right=cst.parse_expression(f"{accelerator}.is_main_process")))
 
     # ------------------------------------------------------------ settings files
-    _DUMPS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "builtins.print"})
-
     def _settings_file(self, call: cst.Call) -> bool:
         """``with open(path, "w") as f:`` outside any loop, writing settings only (``json.dump(vars(args), f)``,
         ``f.write(json.dumps(config))``: the same on every process, accelify.queries.settings): written by
@@ -437,7 +426,7 @@ class MainProcessFiles(AccelifyCodemod):
         if m.matches(call.func, m.Attribute(attr=m.Name("write") | m.Name("writelines"))) and isinstance(
                 call.func.value, cst.Name) and call.func.value.value in handles:  # type: ignore[attr-defined]
             handle = []
-        elif not (qualified_names(self, call.func) & self._DUMPS) or len(handle) != 1:
+        elif not (qualified_names(self, call.func) & SETTINGS_WRITERS) or len(handle) != 1:
             return False
         return all(self._setting(a, allowed) for i, a in enumerate(args) if i not in handle)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -129,8 +129,8 @@ def trained_here(facts: Facts, plan: Plan, optimizers) -> bool:
         "in another module, which accelify does not convert yet (this file runs no backward): converting this "
         "file alone would prepare the model and leave that module's data and backward pass as they are. File "
         "not converted.",
-        f"convert the training loop where it is (`accelerator.prepare(...)` of its data, "
-        f"`accelerator.backward(loss)`), or move the loop into this file.",
+        "convert the training loop where it is (`accelerator.prepare(...)` of its data, "
+        "`accelerator.backward(loss)`), or move the loop into this file.",
     )
     return False
 
@@ -284,7 +284,7 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                             for loop in loops) or _drawn_by_next(facts, plan, loops[-1]):
             continue
         early = _iterator_made_before(facts, plan, loops[-1])
-        if early is not None and not any(has_qname(facts, c.func, _SEEDS) for c in facts.calls):
+        if early is not None and not _seeded(facts):
             # (seeded, every process draws the same batches from it: ACC124 below says so)
             iterator, call = early
             facts.finding(
@@ -436,45 +436,46 @@ _SEEDS = frozenset({
 })
 
 
+def _seeded(facts: Facts) -> bool:
+    """Does the file seed a random generator (then every process draws the same)?"""
+    return any(has_qname(facts, c.func, _SEEDS) for c in facts.calls)
+
+
 def _unseeded_draw(facts: Facts) -> Optional[cst.Call]:
     """The first random draw of the file (``random.shuffle(data)``, ``torch.randint(len(data) - n, ...)``)
     when the file seeds no generator: every process would draw differently."""
-    calls = facts.calls
-    if any(has_qname(facts, c.func, _SEEDS) for c in calls):
+    if _seeded(facts):
         return None
-    drawn = [c for c in calls if has_qname(facts, c.func, _RANDOM_DRAWS)]
+    drawn = [c for c in facts.calls if has_qname(facts, c.func, _RANDOM_DRAWS)]
     # a shuffle says it best: the data's order drawn per process
     return next((c for c in drawn if has_qname(facts, c.func, _SHUFFLES)), drawn[0] if drawn else None)
 
 
+def _next_draws(facts: Facts, plan: Plan, loop: cst.For) -> Iterator[tuple[cst.Name, cst.Call, bool]]:
+    """``next(it)`` in the loop from an iterator of a prepared dataloader (wgan: ``data_iter =
+    iter(dataloader)`` per epoch, then ``data = next(data_iter)`` in a ``while`` inside): (the iterator,
+    the call, whether the iterator is made in the loop). One made before it (``looper =
+    infiniteloop(dataloader)`` in the setup code) holds the loader as it was before ``prepare``, unsharded."""
+    for call in findall(loop.body, m.Call(func=m.Name("next"))):
+        if call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}:
+            iterator = call.args[0].value
+            if isinstance(iterator, cst.Name) and _prepared_data(facts, plan, iterator, 0):
+                yield iterator, call, _made_in(facts, iterator, loop)
+
+
 def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:
-    """Does the loop draw its batches with ``next(...)`` from a prepared dataloader (wgan: ``data_iter =
-    iter(dataloader)`` per epoch, then ``data = next(data_iter)`` in a ``while`` inside)? The iterator must
-    be made in the loop: one made before it (``looper = infiniteloop(dataloader)`` in the setup code) holds
-    the loader as it was before ``prepare``, unsharded."""
-    return any(
-        call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}
-        and _made_in(facts, call.args[0].value, loop) and _prepared_data(facts, plan, call.args[0].value, 0)
-        for call in findall(loop.body, m.Call(func=m.Name("next")))
-    )
+    """Does the loop draw its batches with ``next(...)`` from an iterator of a prepared dataloader made in it?"""
+    return any(made_in for _, _, made_in in _next_draws(facts, plan, loop))
 
 
 def _iterator_made_before(facts: Facts, plan: Plan, loop: cst.For) -> Optional[tuple[cst.Name, cst.Call]]:
     """``looper = infiniteloop(dataloader)`` (or ``iter(dataloader)``) before the loop, ``next(looper)`` in it:
     (the iterator, the ``next`` call)."""
-    for call in findall(loop.body, m.Call(func=m.Name("next"))):
-        if call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}:
-            iterator = call.args[0].value
-            if isinstance(iterator, cst.Name) and not _made_in(facts, iterator, loop) and _prepared_data(
-                    facts, plan, iterator, 0):
-                return iterator, call
-    return None
+    return next(((iterator, call) for iterator, call, made_in in _next_draws(facts, plan, loop) if not made_in), None)
 
 
-def _made_in(facts: Facts, iterator: cst.BaseExpression, loop: cst.For) -> bool:
+def _made_in(facts: Facts, iterator: cst.Name, loop: cst.For) -> bool:
     """Is ``iterator`` a name every assignment of which is inside ``loop``?"""
-    if not isinstance(iterator, cst.Name):
-        return False
     scope = facts.get_metadata(ScopeProvider, iterator, None)
     assignments = list(scope[iterator.value]) if scope is not None else []
     return bool(assignments) and all(

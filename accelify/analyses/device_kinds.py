@@ -58,8 +58,6 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
             inner = classify_device(visitor, first.value)
             if len(expr.args) > 1:
                 index = expr.args[1].value
-                if inner and inner.kind == "auto" and gpu_index_option(visitor, index) is not None:
-                    return DeviceKind("auto", "chosen index")
                 if isinstance(index, cst.Integer) and index.value == "0" and inner and inner.kind == "auto":
                     return inner
                 return DeviceKind("other", "device with an explicit index")
@@ -109,10 +107,15 @@ def gpu_index_option(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -
 
 def chosen_index(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Optional[cst.Attribute]:
     """``f"cuda:{args.gpu_id}"``, ``"cuda:{}".format(args.gpu)``, ``"cuda:%d" % opt.gpu``,
-    ``"cuda:" + str(args.gpu)``: the accelerator at an index the user chose (the attribute), which a
-    launcher chooses under Accelerate, one per process."""
+    ``"cuda:" + str(args.gpu)``, ``torch.device("cuda", args.gpu)``: the accelerator at an index the user
+    chose (the attribute), which a launcher chooses under Accelerate, one per process."""
     index: Optional[cst.BaseExpression] = None
-    if isinstance(expr, cst.FormattedString) and len(expr.parts) == 2:
+    if isinstance(expr, cst.Call) and len(expr.args) == 2 and has_qname(visitor, expr.func, TORCH_DEVICE) and (
+            expr.args[0].keyword is None or expr.args[0].keyword.value == "type"):
+        inner = classify_device(visitor, expr.args[0].value)
+        if inner is not None and inner.kind == "auto":
+            index = expr.args[1].value
+    elif isinstance(expr, cst.FormattedString) and len(expr.parts) == 2:
         text, value = expr.parts
         if isinstance(text, cst.FormattedStringText) and text.value in _INDEXED and isinstance(
                 value, cst.FormattedStringExpression) and value.format_spec is None:

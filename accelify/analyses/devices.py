@@ -22,8 +22,9 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.accelerator import Arguments
-from accelify.analyses.device_kinds import chosen_index, classify_device, gpu_index_option
+from accelify.analyses.device_kinds import chosen_index, classify_device
 from accelify.analyses.facts import Facts, chain_root
+from accelify.queries.blocks import inside, statement_line
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import code_of, read_names, string_value
 from accelify.queries.refs import Ref, ref_of
@@ -86,42 +87,29 @@ def _index_noted(facts: Facts, plan: Plan, name: str, value: cst.BaseExpression)
     index also picks a GPU elsewhere (``torch.cuda.set_device(args.gpu_id)``, ``model.cuda(args.gpu)``):
     that code would still send every process to the one GPU."""
     index = next((i for e in findall(value, m.OneOf(m.FormattedString(), m.Call(), m.BinaryOperation()))
-                  if (i := chosen_index(facts, e) or _torch_device_index(facts, e)) is not None), None)
+                  if (i := chosen_index(facts, e)) is not None), None)
     if index is None:
         return True
     option = code_of(index)
     binding = facts.get_metadata(ParentNodeProvider, index, None)  # `gpu = args.gpu`, read in `f"cuda:{gpu}"`
     via = binding.targets[0].target if isinstance(binding, cst.Assign) and len(binding.targets) == 1 else None
     others = [a for a in findall(facts.module, m.Attribute(attr=m.Name(index.attr.value)))
-              if code_of(a) == option and a is not index and not _inside(a, value) and not _read_as_text(facts, a)]
+              if code_of(a) == option and a is not index and not inside(facts, a, {id(value)}) and not _read_as_text(facts, a)]
     if isinstance(via, cst.Name):
         others += [a.node for assignment in _scope_assignments(facts, via) for a in assignment.references
-                   if not _inside(a.node, value) and not _read_as_text(facts, a.node)]
+                   if not inside(facts, a.node, {id(value)}) and not _read_as_text(facts, a.node)]
     if others:
         facts.finding(plan, others[0], "ACC102",
-                      f"`{option}` picks the GPU of `{name}` and is also used here (`{code_of(_statement_of(facts, others[0]))}`): "
+                      f"`{option}` picks the GPU of `{name}` and is also used here (`{code_of(_statement(facts, others[0]))}`): "
                       "under Accelerate each process gets its GPU from the launcher, and this code would still "
                       "send every process to the one GPU. File not converted.",
                       f"remove the other uses of `{option}` (use `accelerator.device`), then convert again.")
         return False
     facts.note(plan, index, "ACC136",
-                  f"`{name}` was the GPU `{option}` picks; it is now `accelerator.device`, the GPU the launcher gives "
-                  f"each process, and `{option}` no longer picks one.",
-                  f"to train one process on a given GPU, run it with `CUDA_VISIBLE_DEVICES=<index>`.")
+               f"`{name}` was the GPU `{option}` picks; it is now `accelerator.device`, the GPU the launcher gives "
+               f"each process, and `{option}` no longer picks one.",
+               "to train one process on a given GPU, run it with `CUDA_VISIBLE_DEVICES=<index>`.")
     return True
-
-
-def _torch_device_index(facts: Facts, expr: cst.CSTNode) -> Optional[cst.Attribute]:
-    """``torch.device("cuda", args.gpu)``: the index's attribute."""
-    if isinstance(expr, cst.Call) and len(expr.args) == 2 and string_value(expr.args[0].value) in ("cuda", "xpu", "npu"):
-        kind = classify_device(facts, expr)
-        if kind is not None and kind.detail == "chosen index":
-            return gpu_index_option(facts, expr.args[1].value)
-    return None
-
-
-def _inside(node: cst.CSTNode, tree: cst.CSTNode) -> bool:
-    return any(n is node for n in findall(tree, m.Attribute() | m.Name()))
 
 
 def _scope_assignments(facts: Facts, name: cst.Name) -> list:
@@ -142,13 +130,10 @@ def _read_as_text(facts: Facts, attr: cst.Attribute) -> bool:
     return False
 
 
-def _statement_of(facts: Facts, node: cst.CSTNode) -> cst.CSTNode:
-    while node is not None and not isinstance(node, cst.SimpleStatementLine):
-        parent = facts.get_metadata(ParentNodeProvider, node, None)
-        if parent is None or isinstance(parent, cst.BaseCompoundStatement):
-            break
-        node = parent
-    return node.body[0] if isinstance(node, cst.SimpleStatementLine) else node
+def _statement(facts: Facts, node: cst.CSTNode) -> cst.CSTNode:
+    """The statement ``node`` is in, for a finding (``node`` itself in a compound statement's header)."""
+    line = statement_line(facts, node)
+    return line.body[0] if line is not None else node
 
 
 def _if_else_device(facts: Facts, plan: Plan, name: str, assigns: list[cst.Assign]) -> Optional[str]:

@@ -200,8 +200,9 @@ def reached_every_pass(visitor: cst.MetadataDependent, statement: cst.CSTNode) -
         node = owner
 
 
-#: ``if <test>: ...; break`` (``continue``): the jump last, nothing else jumps
 def jump_if(node: cst.CSTNode, jump: type) -> bool:
+    """``if <test>: ...; break`` (``jump``: ``cst.Break`` or ``cst.Continue``), no ``else``: the jump last,
+    nothing else in the body jumps."""
     if not isinstance(node, cst.If) or node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
         return False
     body = node.body.body

@@ -29,8 +29,9 @@ import libcst.matchers as m
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from accelify.queries.names import DATALOADERS, WRITERS, qualified_names, string_value
-from accelify.queries.refs import assigned_values
+from accelify.queries.names import (WRITERS, qualified_names, split_relative, star_import_modules,
+                                   string_value)
+from accelify.queries.loops import built_loader
 from accelify.queries.walk import findall
 
 _PLACES = frozenset({"to", "cuda", "backward", "step"})
@@ -147,8 +148,9 @@ class Foreign:
             if name.source is QualifiedNameSource.LOCAL and isinstance(call.func, cst.Name):
                 return True  # this module's own function or class: not read
             if name.source is QualifiedNameSource.IMPORT:
-                dotted = name.name.lstrip(".").rpartition(".")[0]
-                if dotted and self.sources.module_source(dotted, len(name.name) - len(name.name.lstrip("."))):
+                full, level = split_relative(name.name)
+                dotted = full.rpartition(".")[0]
+                if dotted and self.sources.module_source(dotted, level):
                     return True  # another module of the project
         return False
 
@@ -169,19 +171,11 @@ def _loaders(meta: _Metadata, func: cst.FunctionDef) -> Optional[tuple[bool, ...
     for ret in returns:
         value = ret.value
         values = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
-        shape = tuple(_built_loader(meta, v) for v in values)  # type: ignore[arg-type]
+        shape = tuple(built_loader(meta, v) for v in values)  # type: ignore[arg-type]
         if shapes is not None and shape != shapes:
             return None
         shapes = shape
     return shapes if shapes is not None and any(shapes) else None
-
-
-def _built_loader(meta: _Metadata, expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Call):
-        return bool(qualified_names(meta, expr.func) & DATALOADERS)
-    values = assigned_values(meta, expr) if isinstance(expr, cst.Name) else []  # type: ignore[arg-type]
-    return bool(values) and all(isinstance(v, cst.Call) and qualified_names(meta, v.func) & DATALOADERS
-                                for v in values)
 
 
 def called_function(visitor, module: cst.Module, foreign: Optional[Foreign],
@@ -194,22 +188,14 @@ def called_function(visitor, module: cst.Module, foreign: Optional[Foreign],
     names = {q.name for q in visitor.get_metadata(QualifiedNameProvider, func, set())
              if q.source is QualifiedNameSource.IMPORT}
     if len(names) == 1:
-        name = names.pop()
-        level = len(name) - len(name.lstrip("."))
-        dotted, _, attr = name.lstrip(".").rpartition(".")
+        full, level = split_relative(names.pop())
+        dotted, _, attr = full.rpartition(".")
         return foreign.function(dotted, attr, level) if dotted else None
     if names or not isinstance(func, cst.Name):
         return None
     scope = visitor.get_metadata(ScopeProvider, func, None)
     if scope is None or list(scope[func.value]):
         return None  # a name of this file
-    found = []
-    for star in findall(module, m.ImportFrom(names=m.ImportStar())):
-        if star.module is None:
-            continue
-        dotted = cst.Module(body=[]).code_for_node(star.module)
-        level = len(star.relative)
-        function = foreign.function(dotted, func.value, level)
-        if function is not None:
-            found.append(function)
+    found = [f for dotted, level in star_import_modules(module)
+             if (f := foreign.function(dotted, func.value, level)) is not None]
     return found[0] if len(found) == 1 else None

@@ -24,8 +24,9 @@ from libcst.metadata import ScopeProvider
 from accelify.analyses.foreign import called_function
 from accelify.analyses.facts import Facts, bind_arguments
 from accelify.queries.blocks import under
+from accelify.queries.loops import built_loader
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
-from accelify.queries.refs import MODULE, Ref, assigned_values, key_at, ref_of
+from accelify.queries.refs import MODULE, Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -235,26 +236,20 @@ def _helper_loader(facts: Facts, assign: cst.Assign, ref: Ref) -> bool:
     func = facts.functions.get(value.func.value) if isinstance(value.func, cst.Name) else None
     if func is None or ref_of(facts, value.func) != (MODULE, value.func.value):  # type: ignore[attr-defined]
         return _foreign_loader(facts, assign, ref)
-    target = assign.targets[0].target
-    if isinstance(target, (cst.Tuple, cst.List)):
-        names = [e.value for e in target.elements]
-        index = next((i for i, n in enumerate(names) if ref_of(facts, n) == ref), None)
-        if index is None or any(isinstance(e, cst.StarredElement) for e in target.elements):
-            return False
-    elif ref_of(facts, target) == ref:
-        names, index = [target], None
-    else:
+    position = _target_position(facts, assign.targets[0].target, ref)
+    if position is None:
         return False
+    index, count = position
     returns = [r for r in findall(func.body, m.Return()) if key_at(facts, r) == func.name.value]
     if not returns:
         return False
     for ret in returns:
         returned = ret.value  # type: ignore[attr-defined]
         if index is not None:
-            if not isinstance(returned, cst.Tuple) or len(returned.elements) != len(names):
+            if not isinstance(returned, cst.Tuple) or len(returned.elements) != count:
                 return False
             returned = returned.elements[index].value
-        if returned is None or not _built_loader(facts, returned):
+        if returned is None or not built_loader(facts, returned):
             return False
     return True
 
@@ -263,23 +258,26 @@ def _foreign_loader(facts: Facts, assign: cst.Assign, ref: Ref) -> bool:
     """``loader = get_data(args)`` / ``train, test = get_loaders(args)`` where the function is another
     module's of the project that builds and returns DataLoaders (accelify.analyses.foreign)."""
     function = called_function(facts, facts.module, facts.foreign, assign.value.func)  # type: ignore[attr-defined]
-    if function is None or function.loaders is None:
+    position = _target_position(facts, assign.targets[0].target, ref)
+    if function is None or function.loaders is None or position is None:
         return False
-    target = assign.targets[0].target
+    index, count = position
+    if index is None:
+        return function.loaders == (True,)
+    return count == len(function.loaders) and function.loaders[index]
+
+
+def _target_position(facts: Facts, target: cst.BaseExpression, ref: Ref) -> Optional[tuple[Optional[int], int]]:
+    """Where an assignment's target binds ``ref``: ``(None, 1)`` for the plain name, ``(i, n)`` for the
+    ``i``-th of ``n`` names it unpacks (``train, test = ...``); None when it does not bind it, or unpacks
+    into a starred name."""
     if isinstance(target, (cst.Tuple, cst.List)):
         names = [e.value for e in target.elements]
-        if any(isinstance(e, cst.StarredElement) for e in target.elements) or len(names) != len(function.loaders):
-            return False
-        return any(loader and ref_of(facts, n) == ref for n, loader in zip(names, function.loaders))
-    return function.loaders == (True,) and ref_of(facts, target) == ref
-
-
-def _built_loader(facts: Facts, expr: cst.BaseExpression) -> bool:
-    """``DataLoader(...)``, or a name bound only to ``DataLoader(...)`` where it is read."""
-    if isinstance(expr, cst.Call):
-        return has_qname(facts, expr.func, DATALOADERS)
-    values = assigned_values(facts, expr) if isinstance(expr, cst.Name) else []
-    return bool(values) and all(isinstance(v, cst.Call) and has_qname(facts, v.func, DATALOADERS) for v in values)
+        index = next((i for i, n in enumerate(names) if ref_of(facts, n) == ref), None)
+        if index is None or any(isinstance(e, cst.StarredElement) for e in target.elements):
+            return None
+        return index, len(names)
+    return (None, 1) if ref_of(facts, target) == ref else None
 
 
 def _unique(items) -> list[str]:

@@ -17,10 +17,6 @@ from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
     from accelify.analyses.plan import Plan
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from accelify.analyses.plan import Plan
 
 _NO_GRAD = frozenset({
     "torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad",

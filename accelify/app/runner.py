@@ -19,8 +19,7 @@ from typing import Iterable, Iterator, Sequence
 
 from accelify.app.files import SourceError, decode, read_source
 from accelify.core import precheck
-from accelify.core.project import training_elsewhere
-from accelify.core.result import Options, Result, brief, suppress
+from accelify.core.result import Options, Result, brief
 
 #: Files submitted to the pool ahead of the one being printed, per worker.
 LOOK_AHEAD = 16
@@ -52,10 +51,9 @@ def convert_notebook(text: str, path: str, options: Options) -> Result:
 
 def convert_python(text: str, path: str, options: Options) -> Result:
     """The conversion of a Python file's text (or of a notebook's code cells as one program)."""
-    if not precheck.needs_analysis(text):
-        error = precheck.syntax_error(text, path)
-        found = training_elsewhere(text, path) if error is None and not precheck.skipped(text) else []
-        return Result(path, text, text, error=error, findings=suppress(found, text, options.findings))
+    quick = precheck.without_analysis(text, path, options)
+    if quick is not None:
+        return quick
     from accelify.core.pipeline import convert_source
 
     return convert_source(text, path, options)

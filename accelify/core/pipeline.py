@@ -24,7 +24,7 @@ from accelify.codemods import gather_codemods
 from accelify.codemods.base import Shared
 from accelify.core.composite import Composite, plan_names
 from accelify.core.metadata import resolve
-from accelify.core.precheck import cpython_error, may_train, skipped, syntax_error
+from accelify.core.precheck import cpython_error, without_analysis
 from accelify.core.result import TARGETS, Options, Result, brief, suppress
 from accelify.core.symbols import read_anywhere, undefined_names
 from accelify.queries import walk
@@ -67,11 +67,9 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     options = options or Options()
     if options.target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {options.target!r}")
-    if not may_train(source) or skipped(source):
-        # nothing to train: only the syntax is checked (CPython's parser, no LibCST tree)
-        error = syntax_error(source, path)
-        findings = training_elsewhere(source, path) if error is None and not skipped(source) else []
-        return Result(path, source, source, error=error, findings=suppress(findings, source, options.findings))
+    quick = without_analysis(source, path, options)
+    if quick is not None:  # nothing to train: only the syntax is checked (CPython's parser, no LibCST tree)
+        return quick
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:

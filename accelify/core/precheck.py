@@ -13,6 +13,9 @@ import unicodedata
 import warnings
 from typing import Optional
 
+from accelify.core.project import training_elsewhere
+from accelify.core.result import Options, Result, suppress
+
 _SKIP = re.compile(r"#\s*accelify:\s*skip\b")
 
 #: A copy of ``accelify.analyses.objects._OPTIMIZER_NAME`` (the analyses import LibCST, this module must not):
@@ -340,8 +343,19 @@ def skipped(source: str) -> bool:
 
 
 def needs_analysis(source: str) -> bool:
-    """False when the file comes out unchanged with no finding, whatever it contains."""
+    """False when the file comes out unchanged, whatever it contains (its only possible finding says that
+    it trains through a module beside it: :func:`without_analysis`)."""
     return may_train(source) and not skipped(source)
+
+
+def without_analysis(source: str, path: str, options: Options) -> Optional[Result]:
+    """The result of a file that needs no analysis (its syntax error, or ACC135 when its training runs in a
+    module beside it); None when it needs one."""
+    if needs_analysis(source):
+        return None
+    error = syntax_error(source, path)
+    found = training_elsewhere(source, path) if error is None and not skipped(source) else []
+    return Result(path, source, source, error=error, findings=suppress(found, source, options.findings))
 
 
 def syntax_error(source: str, path: str) -> "str | None":

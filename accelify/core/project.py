@@ -25,6 +25,7 @@ class ProjectSources:
     def __init__(self, entry: str) -> None:
         path = os.path.abspath(entry)
         self.root = os.path.dirname(path) if os.path.isfile(path) else None
+        self._real_root = os.path.realpath(self.root) if self.root is not None else ""
         self._texts: dict[str, Optional[str]] = {}
 
     def module_source(self, dotted: str, level: int = 0) -> Optional[str]:
@@ -44,8 +45,8 @@ class ProjectSources:
         if path not in self._texts:
             self._texts[path] = None
             real = os.path.realpath(path)
-            if os.path.isfile(real) and os.path.commonpath([real, os.path.realpath(self.root or "")]) == \
-                    os.path.realpath(self.root or "") and os.path.getsize(real) <= MAX_BYTES:
+            if os.path.isfile(real) and os.path.commonpath([real, self._real_root]) == self._real_root \
+                    and os.path.getsize(real) <= MAX_BYTES:
                 try:
                     with open(real, encoding="utf-8") as f:
                         self._texts[path] = f.read()
@@ -66,9 +67,9 @@ def delegated_training(source: str, sources: ProjectSources) -> Optional[tuple[i
     if "__main__" not in source:
         return None
     for match in _FROM_IMPORT.finditer(source):
-        module = match.group(1)
-        level = len(module) - len(module.lstrip("."))
-        text = sources.module_source(module.lstrip("."), level) if module.lstrip(".") else None
+        module = match.group(1)  # (no LibCST here: the pre-check's side of the runner imports this module)
+        dotted = module.lstrip(".")
+        text = sources.module_source(dotted, len(module) - len(dotted)) if dotted else None
         if text is None or ".backward(" not in text:
             continue
         bodies = _top_level_bodies(text)

@@ -92,6 +92,17 @@ def enclosing_function(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Opt
     return parent
 
 
+def statement_line(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Optional[cst.SimpleStatementLine]:
+    """The simple statement line ``node`` is in (itself when it is one); None in a compound statement's
+    header (an ``if`` test, a ``for`` target)."""
+    from libcst.metadata import ParentNodeProvider
+
+    current: Optional[cst.CSTNode] = node
+    while current is not None and not isinstance(current, cst.SimpleStatementLine):
+        current = visitor.get_metadata(ParentNodeProvider, current, None)
+    return current
+
+
 def under(visitor: cst.MetadataDependent, node: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
     """Is ``node`` inside a node of one of ``kinds`` (``cst.If``, ``cst.Try``) of its own function (or of
     the module, outside any function)?"""

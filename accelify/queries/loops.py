@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
-from accelify.queries.names import assigned_names, qualified_names
+from accelify.queries.names import DATALOADERS, assigned_names, qualified_names
 from accelify.queries.refs import assigned_values, ref_of
 
 
@@ -64,3 +64,13 @@ def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> c
             break
         expr = value
     return expr
+
+
+def built_loader(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
+    """``DataLoader(...)``, or a name bound only to ``DataLoader(...)`` where it is read (what a helper
+    that builds a loader returns)."""
+    if isinstance(expr, cst.Call):
+        return bool(qualified_names(visitor, expr.func) & DATALOADERS)
+    values = assigned_values(visitor, expr) if isinstance(expr, cst.Name) else []
+    return bool(values) and all(isinstance(v, cst.Call) and qualified_names(visitor, v.func) & DATALOADERS
+                                for v in values)

@@ -85,9 +85,22 @@ _EMPTY = cst.Module(body=[])
 
 
 def star_imports(module: cst.Module) -> list[str]:
-    """The modules ``module`` imports with ``from x import *``, as written."""
-    return [code_of(s.module) for s in findall(module, m.ImportFrom())  # type: ignore[attr-defined]
+    """The modules ``module`` imports with ``from x import *``, as written (without a relative import's dots)."""
+    return [dotted for dotted, _ in star_import_modules(module)]
+
+
+def star_import_modules(module: cst.Module) -> list[tuple[str, int]]:
+    """``(module, level)`` of each ``from x import *`` of ``module``: ``from ..utils import *`` is
+    ``("utils", 2)``."""
+    return [(code_of(s.module), len(s.relative)) for s in findall(module, m.ImportFrom())  # type: ignore[attr-defined]
             if isinstance(s.names, cst.ImportStar) and s.module is not None]  # type: ignore[attr-defined]
+
+
+def split_relative(name: str) -> tuple[str, int]:
+    """``".data.get_data"`` -> ``("data.get_data", 1)``: a dotted name without a relative import's
+    leading dots, and how many there were."""
+    dotted = name.lstrip(".")
+    return dotted, len(name) - len(dotted)
 
 
 def code_of(node: cst.CSTNode) -> str:

@@ -55,11 +55,10 @@ def ref_of(visitor: cst.MetadataDependent, expr: cst.CSTNode) -> Optional[Ref]:
         if isinstance(owner, GlobalScope) and assignments:
             # `global model` in `main`, which alone assigns it (vdsr): the name belongs to `main`, where the
             # objects are built and prepared, as if it were local there
-            where = {id(s): s for a in assignments
-                     if (s := visitor.get_metadata(ScopeProvider, getattr(a, "node", None), None)) is not None}
-            if len(where) == 1 and isinstance(inner := next(iter(where.values())), FunctionScope) and len(
-                    where) == len({id(s) for s in where.values()}) and all(
-                    getattr(a, "node", None) is not None for a in assignments):
+            nodes = [getattr(a, "node", None) for a in assignments]
+            where = {id(s): s for n in nodes if (s := visitor.get_metadata(ScopeProvider, n, None)) is not None}
+            inner = next(iter(where.values()), None)
+            if len(where) == 1 and isinstance(inner, FunctionScope) and all(n is not None for n in nodes):
                 return scope_key(inner), expr.value
         return scope_key(owner), expr.value
     if m.matches(expr, m.Attribute(value=m.Name("self"), attr=m.Name())):

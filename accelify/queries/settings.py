@@ -32,8 +32,8 @@ PURE_FUNCTIONS = frozenset({
 #: methods of str, dict and list that return a value computed from the receiver and arguments only
 PURE_METHODS = frozenset({"items", "keys", "values", "get", "format", "join", "upper", "lower", "replace", "strip",
                           "split", "rstrip", "lstrip", "copy"})
-#: writers that read what they are given
-_WRITERS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "builtins.print"})
+#: writers that read what they are given and write it to a file handed to them
+SETTINGS_WRITERS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "builtins.print"})
 _CONTAINERS = (cst.List, cst.Dict, cst.Set, cst.ListComp, cst.DictComp, cst.SetComp)
 #: pure functions whose result can be changed in place (or, iterators, used up)
 _MUTABLE_RESULTS = frozenset({"builtins.list", "builtins.dict", "builtins.set", "builtins.sorted", "builtins.vars",
@@ -104,14 +104,7 @@ class _Settings:
             return False
         if isinstance(node.value, cst.Name):  # `opt.experiment`: what the file assigns to it too
             key = (root.value, node.attr.value)
-            if key in self.deciding:
-                return True
-            values = self._attribute_values(root, node.attr.value)
-            self.deciding.add(key)
-            try:
-                return values is not None and all(self.expr(v, depth + 1) for v in values)
-            finally:
-                self.deciding.discard(key)
+            return key in self.deciding or self._all(key, self._attribute_values(root, node.attr.value), depth)
         return True
 
     def name(self, node: cst.Name, depth: int) -> bool:
@@ -120,11 +113,12 @@ class _Settings:
         if self.namespace(node, depth):
             values = self._attribute_values(node, None)
             return values is not None and all(self.expr(v, depth + 1) for v in values)
-        scope = self.visitor.get_metadata(ScopeProvider, node, None)
-        key = (id(scope), node.value)
-        if key in self.deciding:
-            return True
-        values = self._values(node)
+        key = (id(self.visitor.get_metadata(ScopeProvider, node, None)), node.value)
+        return key in self.deciding or self._all(key, self._values(node), depth)
+
+    def _all(self, key: tuple[object, str], values: Optional[list[cst.BaseExpression]], depth: int) -> bool:
+        """Are all ``values`` (of the name or attribute ``key``) settings? While they are decided, ``key``
+        met again counts as one: the answer rests on its other values."""
         self.deciding.add(key)
         try:
             return values is not None and all(self.expr(v, depth + 1) for v in values)
@@ -183,7 +177,7 @@ class _Settings:
         if isinstance(parent, cst.Arg):
             call = self.visitor.get_metadata(ParentNodeProvider, parent, None)
             return isinstance(call, cst.Call) and bool(
-                qualified_names(self.visitor, call.func) & (PURE_FUNCTIONS | _WRITERS)
+                qualified_names(self.visitor, call.func) & (PURE_FUNCTIONS | SETTINGS_WRITERS)
                 or (isinstance(call.func, cst.Attribute) and call.func.attr.value in ("write", "writelines")))
         return not isinstance(parent, (cst.AugAssign, cst.Del))
 
