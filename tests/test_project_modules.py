@@ -158,8 +158,9 @@ class Model(torch.nn.Module):
 """
 
 
-def test_a_script_whose_training_runs_in_a_module_beside_it_says_so(tmp_path) -> None:
-    """betavae, unet: `net = Solver(args); net.train()`; the script trains nothing itself and was silent."""
+def test_a_script_whose_training_runs_in_a_module_beside_it_is_analysed_with_it(tmp_path) -> None:
+    """betavae, unet: `net = Solver(args); net.train()`: the script and solver.py are one program; what
+    blocks it is reported where it is, in solver.py (here: random data on the CPU, ACC121)."""
     from accelify.app.runner import convert_python
     from accelify.core.result import Options
 
@@ -168,7 +169,25 @@ def test_a_script_whose_training_runs_in_a_module_beside_it_says_so(tmp_path) ->
     (tmp_path / "main.py").write_text(text, encoding="utf-8")
     for result in (convert_source(text, str(tmp_path / "main.py")), convert_python(text, str(tmp_path / "main.py"),
                                                                                    Options())):
-        assert not result.changed
+        assert not result.changed and result.findings == []
+        [companion] = result.companions
+        assert companion.path == str(tmp_path / "solver.py") and not companion.changed
+        assert [(f.code, f.line) for f in companion.findings] == [("ACC121", 7)]
+
+
+def test_a_script_whose_training_module_cannot_join_it_says_so(tmp_path) -> None:
+    """The module's `log` (which its training calls) and the script's own `log` would be one name in one
+    program: ACC135, as before."""
+    from accelify.app.runner import convert_python
+    from accelify.core.result import Options
+
+    solver = SOLVER.replace("        self.optim.step()\n", "        self.optim.step()\n        log(loss)\n")
+    (tmp_path / "solver.py").write_text(solver + "\n\ndef log(x):\n    print(x)\n", encoding="utf-8")
+    text = MAIN.format(more="", body="net = Solver(args)\n    net.train()") + "\n\ndef log(x):\n    pass\n"
+    (tmp_path / "main.py").write_text(text, encoding="utf-8")
+    for result in (convert_source(text, str(tmp_path / "main.py")), convert_python(text, str(tmp_path / "main.py"),
+                                                                                   Options())):
+        assert not result.changed and not result.companions
         [finding] = result.findings
         assert (finding.code, finding.line) == ("ACC135", 3)
         assert "it runs `Solver` of `solver`, a module beside it that trains" in finding.message

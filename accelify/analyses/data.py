@@ -28,7 +28,7 @@ from accelify.analyses.foreign import called_function
 from accelify.queries.blocks import enclosing_function, inside
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, star_imports, string_value
-from accelify.queries.refs import assigned_values, receiver_refs, ref_of
+from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -312,12 +312,18 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                         "`accelerator.prepare(...)`.",
                     )
                     return False
+                method = _method_parameter(facts, drawn)
+                why = (f"`{what}` is a parameter of the method `{method}`, whose calls accelify does not follow "
+                       "(it follows those of module-level functions and of a class's constructor)"
+                       if method is not None else
+                       "it is not built where the model and optimizer are, nor returned there by a helper of this "
+                       "file that builds it on every path")
                 facts.finding(
                     plan, loop, "ACC123",
-                    f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare (it is not "
-                    "built where the model and optimizer are, nor returned there by a helper of this file that "
-                    "builds it on every path): every process would train on all of it. "
-                    "File not converted.",
+                    f"the training loop draws from `{what}`, a DataLoader accelify cannot prepare ({why}): every "
+                    "process would train on all of it. File not converted.",
+                    "build the DataLoader beside the model and optimizer (or hand it to the class's constructor), "
+                    "or pass it through the same `accelerator.prepare(...)` call." if method is not None else
                     "build the DataLoader beside the model and optimizer, or pass it through the same "
                     "`accelerator.prepare(...)` call.",
                 )
@@ -382,7 +388,7 @@ def _foreign_source(facts: Facts, iterable: cst.BaseExpression) -> Optional[tupl
     for _ in range(4):
         if isinstance(expr, cst.Call):
             break
-        values = facts.bound_values(expr)
+        values = facts.bound_values(expr) or _handed(facts, expr) or _unpacked_from_call(facts, expr)
         if len(values) != 1:
             return None
         expr = peel_iterable(facts, values[0])
@@ -393,6 +399,47 @@ def _foreign_source(facts: Facts, iterable: cst.BaseExpression) -> Optional[tupl
         return None
     module = _foreign_module(facts, func)
     return (expr, module) if module is not None else None
+
+
+def _handed(facts: Facts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """What every call of the module-level function hands the parameter ``expr`` names (RepDistiller's
+    ``train_vanilla(epoch, train_loader, ...)`` loops over the loader of its one call)."""
+    function = enclosing_function(facts, expr)
+    if not isinstance(expr, cst.Name) or function is None or function.name.value not in facts.functions \
+            or facts.functions[function.name.value] is not function \
+            or expr.value not in {p.name.value for p in function.params.params}:
+        return []
+    values = [bound.get(expr.value) for _, bound in facts.call_sites(function.name.value, function)]
+    if not values or any(v is None for v in values):
+        return []
+    codes = {code_of(v) for v in values}  # type: ignore[arg-type]
+    return [values[0]] if len(codes) == 1 and all(isinstance(v, cst.Name) for v in values) else []
+
+
+def _method_parameter(facts: Facts, expr: cst.BaseExpression) -> Optional[str]:
+    """``Class.method`` when ``expr`` names a parameter of a method (``def fit(self, loader)``)."""
+    if not isinstance(expr, cst.Name):
+        return None
+    function = enclosing_function(facts, expr)
+    if function is None or expr.value not in {p.name.value for p in function.params.params}:
+        return None
+    key = key_at(facts, expr)
+    return key if key is not None and "." in key and key.split(".")[0] in facts.classes else None
+
+
+def _unpacked_from_call(facts: Facts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``train_loader, val_loader = get_cifar100_dataloaders(...)``: the call, for a name bound there only."""
+    if not isinstance(expr, cst.Name):
+        return []
+    scope = facts.get_metadata(ScopeProvider, expr, None)
+    assignments = list(scope[expr.value]) if scope is not None else []
+    if len(assignments) != 1 or not isinstance(getattr(assignments[0], "node", None), cst.Name):
+        return []
+    element = facts.get_metadata(ParentNodeProvider, assignments[0].node, None)
+    packed = facts.get_metadata(ParentNodeProvider, element, None) if isinstance(element, cst.Element) else None
+    target = facts.get_metadata(ParentNodeProvider, packed, None) if isinstance(packed, (cst.Tuple, cst.List)) else None
+    assign = facts.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+    return [assign.value] if isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call) else []
 
 
 def _foreign_module(facts: Facts, func: cst.BaseExpression) -> Optional[str]:

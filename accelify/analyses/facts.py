@@ -39,6 +39,7 @@ class Facts(cst.CSTVisitor):
     def __init__(self) -> None:
         super().__init__()
         self.foreign: Optional[Foreign] = None  # the project's other modules (accelify.analyses.foreign)
+        self.elsewhere: frozenset = frozenset()  # functions and classes of other modules in the program
         self.assigns: dict[Ref, list[cst.Assign]] = {}
         self.assign_key: dict[int, Optional[str]] = {}  # id(assign) -> key of the function it is in
         self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name

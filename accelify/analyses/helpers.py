@@ -120,7 +120,13 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
     # through `accelerator.unwrap_model(...)` (ACC016), so it takes the accelerator too
     unwrapping = [n for n in findall(facts.module, m.Attribute()) if key_at(facts, n) != plan.setup
                   and model_attribute(facts, n, plan)]  # type: ignore[arg-type]
-    for call in [*facts.backwards, *gathering, *saving, *unwrapping]:
+    # `input.cuda()` in a helper handed the prepared model (RepDistiller's `validate`, its loader not a
+    # DataLoader): left as it is, every process would move its batches to the first GPU while its model is
+    # on its own; it takes the accelerator and places on `accelerator.device`
+    handed = {key for key, _ in plan.flow["model"]}
+    placing = [c for c in facts.calls if isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda"
+               and key_at(facts, c) in handed and key_at(facts, c) != plan.setup]
+    for call in [*facts.backwards, *gathering, *saving, *unwrapping, *placing]:
         key = key_at(facts, call)
         if key is None or plan.accelerator_in(key) is not None:
             continue

@@ -55,6 +55,9 @@ class Plan:
     convertible: bool = False
     #: key of the scope that builds the objects: "<module>", "main", "Trainer.__init__"
     setup: str = MODULE
+    #: top-level functions and classes of other modules, analysed with this one as one program
+    #: (accelify.core.unit): the module-level Accelerator of the script is not theirs to read
+    elsewhere: frozenset = frozenset()
     #: key the objects' refs live in: the setup key, or the class ("Trainer") for self attributes
     owner: str = MODULE
     #: how the setup scope spells its Accelerator: "accelerator", "self.accelerator", or an existing name
@@ -192,7 +195,8 @@ class Plan:
             return None
         if self.class_mode:
             return self.accelerator if key == self.owner or key.startswith(self.owner + ".") else None
-        if key == self.setup or key.startswith(self.setup + ".") or self.setup == MODULE:
+        if key == self.setup or key.startswith(self.setup + ".") or (
+                self.setup == MODULE and key.split(".")[0] not in self.elsewhere):
             return self.accelerator
         if key in self.needs_accelerator:
             return "accelerator"
@@ -201,10 +205,12 @@ class Plan:
         return None
 
 
-def analyze(wrapper: MetadataWrapper, sources: Optional[Sources] = None) -> Plan:
+def analyze(wrapper: MetadataWrapper, sources: Optional[Sources] = None, elsewhere: frozenset = frozenset()) -> Plan:
     """The plan of the module ``wrapper`` wraps; ``sources``: the project's other modules, read for the
-    functions the script calls from them (accelify.analyses.foreign)."""
+    functions the script calls from them (accelify.analyses.foreign); ``elsewhere``: the names of the
+    functions and classes in the program that another module defines (accelify.core.unit)."""
     facts = Facts()
+    facts.elsewhere = elsewhere
     facts.foreign = Foreign(sources) if sources is not None else None
     index = walk.active()
     if index is None or index.order[0] is not wrapper.module:
@@ -246,7 +252,7 @@ class _Blockers:
 def _decide(facts: Facts) -> Plan:
     """The analyses, in order: each reads the facts and what those before it decided.  An analysis
     that refuses the file reports why (a finding) and the plan stays not ``convertible``."""
-    plan = Plan()
+    plan = Plan(elsewhere=facts.elsewhere)
     facts.plan = plan  # what the shared helpers ask of it (`under_main_process_check` and a rank test)
     optimizers = factories.redirect(facts, objects.optimizers(facts))
     if not optimizers:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from dataclasses import replace as dataclass_replace
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
@@ -22,6 +23,7 @@ from accelify.app.files import iter_python_files, write_atomic
 
 if TYPE_CHECKING:
     from accelify.app.runner import Outcome
+    from accelify.core.result import Result
     from accelify.queries.records import Change, Finding
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 123
@@ -128,6 +130,11 @@ def convert(
     # A bar on stderr only where a person watches it, and not over diffs printed on that terminal.
     if len(files) >= PROGRESS_FROM and not quiet and sys.stderr.isatty() and not (show_diff and sys.stdout.isatty()):
         run.progress = _progress_bar()
+    run.inputs = {os.path.realpath(f) for f in files if f != "-"}
+    if len(files) > 1:
+        from accelify.app.runner import companion_inputs
+
+        run.companion_inputs = companion_inputs(files)
     if run.progress is None:
         for outcome in convert_all(files, options, jobs):
             run.finish(outcome)
@@ -139,8 +146,9 @@ def convert(
                 run.progress.advance(task)
         run.progress = None
 
+    run.flush()
     status = EXIT_ERROR if run.errors else EXIT_WOULD_CHANGE if check and run.changed else EXIT_OK
-    summary = _summary(run.changed, run.errors, run.findings, len(files), in_place=in_place)
+    summary = _summary(run.changed, run.errors, run.findings, len(files) + run.extra, in_place=in_place)
     if output_format == "json":
         from accelify.output.report import report_json
 
@@ -196,6 +204,13 @@ class _Run:
     findings: int = 0
     records: "list[_Record]" = field(default_factory=list)
     diffs: "dict[str, str]" = field(default_factory=dict)
+    #: the input files (real paths), and among them the modules some input script trains in (None:
+    #: a run of one file, nothing is held back)
+    inputs: "set[str]" = field(default_factory=set)
+    companion_inputs: "Optional[set[str]]" = None
+    held: "list[Outcome]" = field(default_factory=list)
+    #: files changed or reported that were not given: the modules beside the scripts
+    extra: int = 0
 
     def say(self, text: str) -> None:
         """A line on stderr (above the progress bar when there is one)."""
@@ -206,44 +221,121 @@ class _Run:
             sys.stderr.flush()
 
     def finish(self, outcome: "Outcome") -> None:
+        """Print or write one file's outcome; in a run of several files, a script converted with a
+        module beside it, and such a module's own outcome, wait for :meth:`flush`."""
         result = outcome.result
-        error = result.error
-        changed = result.changed
-        if changed and (self.show_diff or self.output_format == "json"):
-            from accelify.output.diff import notebook_diff, print_diff, unified_diff
+        if self.companion_inputs is not None and (
+                result.companions or os.path.realpath(result.path) in self.companion_inputs):
+            self.held.append(outcome)
+            return
+        self._emit(outcome)
 
-            if result.cells is not None:
-                diff = notebook_diff(result.cells, result.path)
+    def flush(self) -> None:
+        """The outcomes held back: a module two scripts would change differently is left as it is, and
+        so are those scripts (a finding names them); a module changed with its script is not converted
+        again on its own."""
+        held, self.held = self.held, []
+        versions: dict[str, dict[str, list[str]]] = {}
+        for outcome in held:
+            for companion in outcome.result.companions:
+                if companion.changed:
+                    versions.setdefault(os.path.realpath(companion.path), {}).setdefault(
+                        companion.output, []).append(outcome.result.path)
+        conflicted = {path for path, texts in versions.items() if len(texts) > 1}
+        done: set[str] = set()
+        for outcome in held:
+            result = outcome.result
+            real = os.path.realpath(result.path)
+            if not result.companions:
+                if real in versions and real not in conflicted:
+                    if not self.quiet and self.output_format == "text":
+                        self.say(f"{result.path}: converted with "
+                                 f"{', '.join(sorted({p for ps in versions[real].values() for p in ps}))}")
+                    continue
+                self._emit(outcome)
+                continue
+            clash = [c for c in result.companions if os.path.realpath(c.path) in conflicted]
+            from accelify.app.runner import Outcome
+
+            if clash:
+                outcome = Outcome(_left_for_conflict(result, clash, versions), outcome.encoding)
             else:
-                diff = unified_diff(result.source, result.output, result.path)
-            if self.output_format == "json":
-                self.diffs[result.path] = diff
-            if self.show_diff:
-                print_diff(diff, sys.stdout, self.use_color)
-                sys.stdout.flush()
-        self.findings += len(result.findings)
-        if error is None:
-            error = self._write(result.output, result.path, outcome.encoding, changed)
+                kept = [c for c in result.companions if not (c.changed and os.path.realpath(c.path) in done)]
+                done |= {os.path.realpath(c.path) for c in result.companions if c.changed}
+                outcome = Outcome(dataclass_replace(result, companions=kept), outcome.encoding)
+            self._emit(outcome)
+
+    def _emit(self, outcome: "Outcome") -> None:
+        result = outcome.result
+        files = [(result, outcome.encoding)] + [(c, "utf-8") for c in result.companions]
+        for item, _ in files:
+            if item is not result and os.path.realpath(item.path) not in self.inputs:
+                self.extra += 1  # a module beside the script, not given: counted in the summary
+        if result.error is None:
+            self._diffs([item for item, _ in files if item.changed])
+        error = result.error
+        changed = [item for item, _ in files if item.changed] if error is None else []
+        if error is None and changed:
+            error = self._write_all([(item, encoding) for item, encoding in files if item.changed])
             if error is not None:  # a failed write is an error, not a conversion
                 self.say(f"error: {error}")
-                changed = False
-            elif changed and not self.quiet:
-                self.say(f"{'converted' if self.in_place else 'would convert'} {result.path}")
+                changed = []
+            elif not self.quiet:
+                for item in changed:
+                    self.say(f"{'converted' if self.in_place else 'would convert'} {item.path}"
+                             + (f" (with {result.path})" if item is not result else ""))
                 if self.output_format == "text" and any(c.code == "ACC018" for c in result.changes):
                     # it started its own processes: say how the converted script is started
                     self.say(f"  run it with `accelerate launch --num_processes N {result.path}` (N processes, one "
                              f"per GPU; `torchrun --nproc_per_node N {result.path}` works as before)")
-            if self.output_format == "text":
-                for note in result.notes:
-                    self.say(f"  {result.path}: {note}")
-                for finding in result.findings:
-                    self.say(finding.render())
-        else:
+        elif error is not None:
             self.say(f"error: {error}")
+        if self.output_format == "text" and result.error is None:
+            for note in result.notes:
+                self.say(f"  {result.path}: {note}")
+            for item, _ in files:
+                for finding in item.findings:
+                    self.say(finding.render())
+        for item, _ in files:
+            self.findings += len(item.findings)
         self.errors += error is not None
-        self.changed += changed
+        self.changed += len(changed)
         if self.keep:
-            self.records.append(_Record(result.path, error, changed, result.changes, result.findings, result.notes))
+            for item, _ in files:
+                self.records.append(_Record(item.path, error if item is result else None, item in changed,
+                                            item.changes, item.findings, item.notes))
+
+    def _diffs(self, items: "list[Result]") -> None:
+        if not items or not (self.show_diff or self.output_format == "json"):
+            return
+        from accelify.output.diff import notebook_diff, print_diff, unified_diff
+
+        for item in items:
+            if item.cells is not None:
+                diff = notebook_diff(item.cells, item.path)
+            else:
+                diff = unified_diff(item.source, item.output, item.path)
+            if self.output_format == "json":
+                self.diffs[item.path] = diff
+            if self.show_diff:
+                print_diff(diff, sys.stdout, self.use_color)
+                sys.stdout.flush()
+
+    def _write_all(self, items: "list[tuple[Result, str]]") -> Optional[str]:
+        """Write every changed file of one conversion, or none: a failure puts back those written."""
+        if self.output is not None and len(items) > 1:
+            others = ", ".join(item.path for item, _encoding in items[1:])
+            return (f"{items[0][0].path}: converting it changes {others} too; --output writes one file: use "
+                    f"--in-place, or the diff")
+        written: list[tuple[Result, str]] = []
+        for item, encoding in sorted(items, key=lambda pair: pair[0] is not items[0][0]):
+            error = self._write(item.output, item.path, encoding, True)
+            if error is not None:
+                for done, done_encoding in written:
+                    self._write(done.source, done.path, done_encoding, True)
+                return error if not written else error + " (the files of this conversion written before it were put back)"
+            written.append((item, encoding))
+        return None
 
     def _write(self, text: str, path: str, encoding: str, changed: bool) -> Optional[str]:
         """Write the converted text where asked; the error, if that failed."""
@@ -259,6 +351,27 @@ class _Run:
         except OSError as exc:
             return f"{target}: cannot write: {exc.strerror or exc}"
         return None
+
+
+def _left_for_conflict(result: "Result", clash: "list[Result]", versions: "dict[str, dict[str, list[str]]]") -> "Result":
+    """The script left as it is: a module it trains in is converted differently for another script."""
+    from dataclasses import replace as changed_to
+
+    from accelify.queries.records import Finding
+
+    findings = list(result.findings)
+    for companion in clash:
+        scripts = sorted({p for ps in versions[os.path.realpath(companion.path)].values() for p in ps})
+        findings.append(Finding(
+            result.path, 1, 1, "ACC141",
+            f"`{companion.path}` is converted with this script, and differently with "
+            f"{', '.join(f'`{p}`' for p in scripts if p != result.path)}: the module and these scripts are left "
+            f"unchanged.",
+            "convert each script on its own (`accelify convert SCRIPT`), or give the module one training function "
+            "per script.",
+        ))
+    return changed_to(result, output=result.source, changes=[], findings=findings, companions=[
+        changed_to(c, output=c.source, changes=[]) for c in result.companions if c.findings])
 
 
 def _progress_bar():

@@ -12,6 +12,7 @@ lets it go, so memory does not grow with the number of files.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import deque
 from dataclasses import dataclass
@@ -71,6 +72,23 @@ def convert_path(path: str, options: Options) -> Outcome:
         if looks_like_notebook(source.text):
             return Outcome(convert_notebook(source.text, source.path, options), source.encoding)
     return Outcome(convert_text(source.text, source.path, options), source.encoding)
+
+
+def companion_inputs(paths: Sequence[str]) -> set[str]:
+    """The real paths of the modules some of ``paths`` would be converted with (the modules they
+    train in, :mod:`accelify.core.unit`): a text test first, then CPython's parser, no LibCST."""
+    from accelify.core.unit import companion_files
+
+    found: set[str] = set()
+    for path in paths:
+        if path == "-" or not path.endswith(".py"):
+            continue
+        try:
+            text = read_source(path).text
+        except SourceError:
+            continue
+        found.update(os.path.realpath(p) for p in companion_files(text, path))
+    return found
 
 
 def candidates(paths: Iterable[str], enough: int) -> int:

@@ -539,12 +539,46 @@ def _name_converted_copy(run: Run, copy: str, shown: str) -> None:
 
 def convert_for_verify(path: str, text: str) -> tuple[str, list[str], bool]:
     """(converted text, findings rendered, whether accelify changes the file)."""
+    converted, findings, changed, _ = convert_project_for_verify(path, text)
+    return converted, findings, changed
+
+
+def convert_project_for_verify(path: str, text: str) -> tuple[str, list[str], bool, dict[str, str]]:
+    """(converted text, findings rendered, whether accelify changes the file, {path: converted text} of
+    the modules beside it converted with it)."""
     from accelify.core.pipeline import convert_source
 
     result = convert_source(text, path)
     if result.error is not None:
         raise VerifyError(result.error)
-    return result.output, [finding.render() for finding in result.findings], result.output != text
+    findings = [finding.render() for item in (result, *result.companions) for finding in item.findings]
+    companions = {c.path: c.output for c in result.companions if c.changed}
+    return result.output, findings, result.output != text, companions
+
+
+def _project_copy(script: Path, converted: str, encoding: str, companions: dict[str, str]) -> Path:
+    """A folder that mirrors the script's (a symbolic link per file and folder) with the converted
+    script and modules in it as real files: run from there, the script imports the converted modules."""
+    root = script.parent
+    overlay = Path(tempfile.mkdtemp(prefix="accelify-verify-project-"))
+    replaced = {script.resolve(): (converted, encoding)}
+    replaced.update({Path(p).resolve(): (text, "utf-8") for p, text in companions.items()})
+
+    def mirror(source: Path, target: Path) -> None:
+        for entry in sorted(source.iterdir()):
+            into = target / entry.name
+            real = entry.resolve()
+            if real in replaced:
+                text, how = replaced[real]
+                into.write_bytes(text.encode(how))
+            elif entry.is_dir() and not entry.is_symlink() and any(r.is_relative_to(real) for r in replaced):
+                into.mkdir()
+                mirror(entry, into)
+            else:
+                into.symlink_to(real)
+
+    mirror(root, overlay)
+    return overlay
 
 
 def verify(
@@ -573,22 +607,34 @@ def verify(
         raise VerifyError(str(exc)) from exc
     if converted_source is None and os.environ.get(CONVERTED_OVERRIDE_VAR):
         converted_source = Path(os.environ[CONVERTED_OVERRIDE_VAR]).read_text(encoding="utf-8")
+    companions: dict[str, str] = {}
     if converted_source is None:
-        converted_source, findings, changed = convert_for_verify(path, source.text)
+        converted_source, findings, changed, companions = convert_project_for_verify(
+            os.path.relpath(script), source.text)
     else:
         findings, changed = [], True
     if not changed:
         return Verification(path, steps, rtol, "unchanged",
                             "accelify leaves this file as it is: nothing to verify", EXIT_EQUIVALENT, findings=findings)
 
-    # The converted copy sits next to the original, under a name no one uses, and goes afterwards.
-    copy = script.with_name(f"_accelify_verify_{script.stem}_{secrets.token_hex(4)}.py")
-    try:
-        copy.write_text(converted_source, encoding=source.encoding)
-    except OSError as exc:
-        raise VerifyError(f"{path}: cannot write the converted copy next to it: {exc.strerror or exc}") from exc
-    # Both are started as the original would be (`python train.py` from here): the path as given.
-    copy_arg = os.path.join(os.path.dirname(path), copy.name)
+    overlay: Optional[Path] = None
+    if companions:
+        # converted with modules beside it: the copy runs in a mirror of its folder that holds them
+        try:
+            overlay = _project_copy(script, converted_source, source.encoding, companions)
+        except OSError as exc:
+            raise VerifyError(f"{path}: cannot make the converted copy of its folder: {exc.strerror or exc}") from exc
+        copy = overlay / script.name
+        copy_arg = str(copy)
+    else:
+        # The converted copy sits next to the original, under a name no one uses, and goes afterwards.
+        copy = script.with_name(f"_accelify_verify_{script.stem}_{secrets.token_hex(4)}.py")
+        try:
+            copy.write_text(converted_source, encoding=source.encoding)
+        except OSError as exc:
+            raise VerifyError(f"{path}: cannot write the converted copy next to it: {exc.strerror or exc}") from exc
+        # Both are started as the original would be (`python train.py` from here): the path as given.
+        copy_arg = os.path.join(os.path.dirname(path), copy.name)
     workdir = tempfile.mkdtemp(prefix="accelify-verify-")
     try:
         run_env = run_environment(env)
@@ -606,11 +652,17 @@ def verify(
             ]))  # fmt: skip
         run_all(jobs, cwd, run_env, steps, timeout, workdir, progress, start)
     finally:
-        copy.unlink(missing_ok=True)
+        if overlay is not None:
+            shutil.rmtree(overlay, ignore_errors=True)
+        else:
+            copy.unlink(missing_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
     for run in (converted, multi):
         if run is not None:
-            _name_converted_copy(run, copy.name, f"{script.name} (converted)")
+            if overlay is not None:
+                _name_converted_copy(run, str(overlay), f"(converted) {script.parent}")
+            else:
+                _name_converted_copy(run, copy.name, f"{script.name} (converted)")
     result = judge(path, steps, rtol, original, converted, judge_distributed(multi) if multi else None)
     result.findings = findings
     return result

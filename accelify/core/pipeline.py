@@ -27,6 +27,7 @@ from accelify.core.metadata import resolve
 from accelify.core.precheck import cpython_error, without_analysis
 from accelify.core.result import TARGETS, Options, Result, brief, suppress
 from accelify.core.symbols import read_anywhere, undefined_names
+from accelify.core.unit import Unit, needed_imports, unit_of
 from accelify.queries import walk
 from accelify.queries.records import Finding, RawFinding
 
@@ -75,15 +76,108 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     except cst.ParserSyntaxError as exc:
         return Result(path, source, source, error=_syntax_error(path, source, exc))
     try:
-        result = _convert(module, source, path, options)
+        unit = unit_of(source, path)
+        result = _convert_unit(unit, options) if unit is not None else None
+        alone = result is None
+        if alone:
+            result = _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
         return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {brief(exc)}")
     finally:
         walk.activate(None)
-    if result.error is None and not result.changed and not result.findings:
+    if alone and result.error is None and not result.changed and not result.findings:
         result.findings = training_elsewhere(source, path)  # silent otherwise: it trains nothing itself
     result.findings = suppress(result.findings, source, options.findings)
+    for companion in result.companions:
+        companion.findings = suppress(companion.findings, companion.source, options.findings)
     return result
+
+
+def _convert_unit(unit: Unit, options: Options) -> Optional[Result]:
+    """The script converted with the modules beside it that it trains in (:mod:`accelify.core.unit`);
+    None when the program cannot be converted or put back (the script is then converted alone)."""
+    try:
+        module = cst.parse_module(unit.program)
+    except cst.ParserSyntaxError:
+        return None
+    result = _convert(module, unit.program, unit.path, options, unit.elsewhere())
+    if result.error is not None:
+        return None
+
+    def place(item):
+        path, line = unit.locate(item.line)
+        return replace(item, path=path, line=line) if hasattr(item, "path") else replace(item, line=line), path
+
+    findings = [place(f) for f in result.findings]
+    changes = [place(c) for c in result.changes]
+    texts = {c.path: c.text for c in unit.companions}
+    outputs: dict[str, str] = {}
+    entry = unit.source
+    if result.changed:
+        split = unit.split(result.output)
+        if split is None:
+            return None
+        entry, outputs = split
+        moved = _move_imports(unit.source, entry, texts, outputs, unit.path)
+        if moved is None:
+            return None
+        entry, outputs = moved
+
+    def mine(items, path):
+        return sorted(item for item, where in items if where == path)
+
+    companions = [Result(path, text, outputs.get(path, text), changes=mine(changes, path), findings=mine(findings, path))
+                  for path, text in texts.items() if path in outputs or mine(findings, path)]
+    return Result(unit.path, unit.source, entry, changes=mine(changes, unit.path), findings=mine(findings, unit.path),
+                  companions=companions)
+
+
+def _move_imports(source: str, entry: str, texts: dict[str, str], outputs: dict[str, str],
+                  path: str) -> Optional[tuple[str, dict[str, str]]]:
+    """An import the conversion added at the top of the program goes to the module whose new code reads
+    it (``from accelerate import Accelerator`` for an Accelerator made in the module's class), and
+    leaves the script if the script does not read it. None if a new name has no import to take."""
+    if needed_imports(source, entry):
+        return None
+    try:
+        old_tree, new_tree = cst.parse_module(source), cst.parse_module(entry)
+    except cst.ParserSyntaxError:
+        return None
+    old_imports = {old_tree.code_for_node(s).strip() for s in old_tree.body if m.matches(s, _IMPORT)}
+    added = [s for s in new_tree.body if m.matches(s, _IMPORT) and new_tree.code_for_node(s).strip() not in old_imports]
+    offered: dict[str, tuple[str, Optional[str], Optional[str]]] = {}
+    for statement in added:
+        node = statement.body[0]  # type: ignore[attr-defined]
+        if isinstance(node, cst.ImportFrom) and not node.relative and not isinstance(node.names, cst.ImportStar):
+            base = get_full_name_for_node(node.module) or ""  # type: ignore[arg-type]
+            for alias in node.names:
+                name = get_full_name_for_node(alias.name) or ""
+                asname = alias.asname.name.value if alias.asname else None  # type: ignore[union-attr]
+                offered[asname or name] = (base, name, asname)
+    new_outputs = dict(outputs)
+    taken: set[str] = set()
+    for module_path, new in outputs.items():
+        wanted = needed_imports(texts[module_path], new)
+        if not wanted:
+            continue
+        if not wanted <= offered.keys():
+            return None
+        context = CodemodContext()
+        for name in sorted(wanted):
+            AddImportsVisitor.add_needed_import(context, *offered[name])
+        try:
+            new_outputs[module_path] = AddImportsVisitor(context).transform_module(cst.parse_module(new)).code
+        except cst.ParserSyntaxError:
+            return None
+        taken |= wanted
+    read = read_anywhere(entry)
+    unused = [name for name in taken if read is not None and name not in read]
+    if unused:
+        context = CodemodContext()
+        for name in unused:
+            RemoveImportsVisitor.remove_unused_import(context, *offered[name])
+        entry = RemoveImportsVisitor(context).transform_module(new_tree).code
+    return entry, new_outputs
 
 
 def _report_only(options: Options) -> bool:
@@ -91,12 +185,12 @@ def _report_only(options: Options) -> bool:
     return options.select is not None and not options.select
 
 
-def _convert(module: cst.Module, source: str, path: str, options: Options) -> Result:
+def _convert(module: cst.Module, source: str, path: str, options: Options, elsewhere: frozenset = frozenset()) -> Result:
     wrapper = resolve(module)  # metadata once, on the tree as written
     context = CodemodContext(filename=path, full_module_name=None, full_package_name=None, wrapper=wrapper)
     context.scratch["accelify.line_length"] = options.line_length
     context.scratch["accelify.target"] = options.target
-    plan = analyze(wrapper, ProjectSources(path))
+    plan = analyze(wrapper, ProjectSources(path), elsewhere)
     if not _report_only(options):
         plan.restrict(options.select)
 

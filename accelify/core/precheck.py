@@ -349,12 +349,14 @@ def needs_analysis(source: str) -> bool:
 
 
 def without_analysis(source: str, path: str, options: Options) -> Optional[Result]:
-    """The result of a file that needs no analysis (its syntax error, or ACC135 when its training runs in a
-    module beside it); None when it needs one."""
+    """The result of a file that needs no analysis (its syntax error, or nothing to say); None when it
+    needs one (it may train, or its training runs in a module beside it)."""
     if needs_analysis(source):
         return None
     error = syntax_error(source, path)
     found = training_elsewhere(source, path) if error is None and not skipped(source) else []
+    if found:
+        return None  # converted with the module it trains in (accelify.core.unit), or ACC135 says why not
     return Result(path, source, source, error=error, findings=suppress(found, source, options.findings))
 
 

@@ -29,6 +29,12 @@ class ProjectSources:
         self._texts: dict[str, Optional[str]] = {}
 
     def module_source(self, dotted: str, level: int = 0) -> Optional[str]:
+        found = self.module_file(dotted, level)
+        return self._texts.get(found) if found is not None else None
+
+    def module_file(self, dotted: str, level: int = 0) -> Optional[str]:
+        """The file of a local module (``<folder>/utils.py`` or ``<folder>/utils/__init__.py``) that can
+        be read, or None."""
         if self.root is None or not dotted or level > 1:
             return None  # beyond the script's own folder: not read
         parts = dotted.split(".")
@@ -36,9 +42,8 @@ class ProjectSources:
             return None
         base = os.path.join(self.root, *parts)
         for candidate in (base + ".py", os.path.join(base, "__init__.py")):
-            text = self._read(candidate)
-            if text is not None:
-                return text
+            if self._read(candidate) is not None:
+                return candidate
         return None
 
     def _read(self, path: str) -> Optional[str]:

@@ -43,6 +43,9 @@ class Result:
     cells: Optional[list[tuple[int, str, str]]] = None
     #: What else was done, or not done, for the user to read (``--notebook-launcher``).
     notes: list[str] = field(default_factory=list)
+    #: The modules beside the script converted with it, as one program (:mod:`accelify.core.unit`):
+    #: each its own result (its text read as UTF-8, its newlines kept), changed or with findings.
+    companions: list["Result"] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:

@@ -102,7 +102,8 @@ FINDINGS: dict[str, str] = {
     "vouch for (not a file beside the script, or one that places tensors, downloads, writes or calls more code of "
     "the project): whether it is a DataLoader to shard, or what it moves where, is unknown: file left unchanged. "
     "Also a script that trains nothing itself and runs a class or function of a module beside it that trains "
-    "(`Solver(args).train()`): nothing changed, and it says so.",
+    "(`Solver(args).train()`), when the two cannot be converted as one program: nothing changed, and it says so. "
+    "(A script and the module it trains in are converted together when they can be: see docs/projects.md.)",
     "ACC136": "The device was the GPU an option picks (`f\"cuda:{args.gpu_id}\"`, `torch.device(\"cuda\", "
     "args.gpu)`): it is now `accelerator.device`, the GPU the launcher gives each process; converted, reported "
     "(`CUDA_VISIBLE_DEVICES=1` trains one process on GPU 1). When the option also picks a GPU elsewhere "
@@ -118,6 +119,9 @@ FINDINGS: dict[str, str] = {
     "unknown cell magic), or a line magic that runs training code (`%time train()`): if the cell mentions training "
     "the whole notebook is left unchanged, otherwise the cell is left as it is and the rest converted. A cell of "
     "another language (`%%bash`, `%%writefile`) that mentions training is left as it is and reported.",
+    "ACC141": "A module beside the scripts that two scripts of one run would convert differently (each converted "
+    "with the module it trains in): the module and those scripts are left unchanged. Convert each script on its "
+    "own, or give the module one training function per script.",
 }
 
 

@@ -1,0 +1,176 @@
+"""A script converted together with the module beside it that trains (issue 28): one program, the edits
+put back in each file, a diff per file, all files written or none.
+
+fixtures/projects/<name>/: ``before/`` and ``after/`` (every file, golden), ``entry.txt`` (the script
+converted), and for a project left unchanged no ``after/`` but ``findings.txt`` (``file:line CODE``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accelify.core.pipeline import convert_source
+from accelify.core.unit import unit_of
+from conftest import FIXTURES
+
+PROJECTS = FIXTURES / "projects"
+CONVERTED = sorted(p.name for p in PROJECTS.iterdir() if (p / "after").is_dir())
+LEFT = sorted(p.name for p in PROJECTS.iterdir() if not (p / "after").is_dir())
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def copy_of(tmp_path: Path, name: str, which: str = "before") -> Path:
+    target = tmp_path / name
+    shutil.copytree(PROJECTS / name / which, target)
+    return target
+
+
+def entry_of(name: str) -> str:
+    return (PROJECTS / name / "entry.txt").read_text().strip()
+
+
+def accelify(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "accelify", *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_project_converts_to_golden_files(name: str, tmp_path: Path) -> None:
+    folder = copy_of(tmp_path, name)
+    entry = folder / entry_of(name)
+    result = convert_source(entry.read_bytes().decode(), str(entry))
+    assert result.changed and result.error is None and not result.findings
+    outputs = {str(entry.relative_to(folder)): result.output}
+    for companion in result.companions:
+        assert companion.changed and not companion.findings
+        outputs[str(Path(companion.path).relative_to(folder))] = companion.output
+    golden = files_of(PROJECTS / name / "after")
+    before = files_of(PROJECTS / name / "before")
+    assert golden.keys() == before.keys()
+    for path, text in golden.items():
+        # each changed file as golden, byte for byte (newlines included); the others untouched
+        assert outputs.get(path, before[path].decode()).encode() == text, path
+    assert len(outputs) >= 2  # the script and the module it trains in
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_project_conversion_is_idempotent(name: str, tmp_path: Path) -> None:
+    folder = copy_of(tmp_path, name, "after")
+    entry = folder / entry_of(name)
+    result = convert_source(entry.read_text(), str(entry))
+    assert not result.changed and not any(c.changed for c in result.companions)
+    assert not result.findings and not result.companions
+
+
+@pytest.mark.parametrize("name", LEFT)
+def test_project_left_unchanged_says_why_in_the_right_file(name: str, tmp_path: Path) -> None:
+    folder = copy_of(tmp_path, name)
+    entry = folder / entry_of(name)
+    result = convert_source(entry.read_text(), str(entry))
+    assert not result.changed and not any(c.changed for c in result.companions)
+    found = [f"{Path(f.path).relative_to(folder)}:{f.line} {f.code}"
+             for item in (result, *result.companions) for f in item.findings]
+    assert found == (PROJECTS / name / "findings.txt").read_text().split("\n")[:-1]
+
+
+def test_the_cli_prints_one_diff_per_file_and_writes_both(tmp_path: Path) -> None:
+    folder = copy_of(tmp_path, "functions")
+    shown = accelify("convert", "main.py", cwd=folder)
+    assert shown.returncode == 0, shown.stderr
+    assert "--- a/main.py\n+++ b/main.py" in shown.stdout and "--- a/train.py\n+++ b/train.py" in shown.stdout
+    assert "would convert train.py (with main.py)" in shown.stderr
+    assert "2 files would be converted" in shown.stderr
+    assert files_of(folder) == files_of(PROJECTS / "functions" / "before")  # the diff writes nothing
+    checked = accelify("convert", "--check", "main.py", cwd=folder)
+    assert checked.returncode == 1
+    written = accelify("convert", "--in-place", "main.py", cwd=folder)
+    assert written.returncode == 0, written.stderr
+    assert files_of(folder) == files_of(PROJECTS / "functions" / "after")
+
+
+def test_a_directory_converts_the_module_once_with_its_script(tmp_path: Path) -> None:
+    folder = copy_of(tmp_path, "functions")
+    done = accelify("convert", "--format", "json", ".", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    changed = sorted(f["path"] for f in report["files"] if f["status"] == "changed")
+    assert changed == ["./main.py", "./train.py"]  # each once, with its diff
+    assert sorted(f["path"] for f in report["files"]) == ["./main.py", "./model.py", "./train.py"]
+    assert all(f["diff"].startswith(f"--- a/{f['path'][2:]}") for f in report["files"] if f["status"] == "changed")
+    written = accelify("convert", "-i", ".", cwd=folder)
+    assert written.returncode == 0, written.stderr
+    assert files_of(folder) == files_of(PROJECTS / "functions" / "after")
+
+
+def test_output_to_one_file_is_refused_when_two_change(tmp_path: Path) -> None:
+    folder = copy_of(tmp_path, "functions")
+    done = accelify("convert", "main.py", "-o", "out.py", cwd=folder)
+    assert done.returncode == 123
+    assert "changes train.py too" in done.stderr
+    assert not (folder / "out.py").exists()
+
+
+def test_in_place_leaves_every_file_when_the_module_is_read_only(tmp_path: Path) -> None:
+    """(As root too: accelify does not write a file without a write bit, and puts back what it wrote.)"""
+    folder = copy_of(tmp_path, "functions")
+    (folder / "main.py").chmod(0o644)
+    (folder / "train.py").chmod(0o444)
+    done = accelify("convert", "--in-place", "main.py", cwd=folder)
+    assert done.returncode == 123, done.stderr
+    assert "train.py" in done.stderr
+    assert files_of(folder) == files_of(PROJECTS / "functions" / "before")
+
+
+def test_two_scripts_that_would_change_one_module_differently_leave_it(tmp_path: Path) -> None:
+    folder = copy_of(tmp_path, "functions")
+    second = (folder / "main.py").read_text().replace("batch_size=8", "batch_size=4").replace(
+        "        evaluate(model, device, test_loader)\n", "")
+    (folder / "other.py").write_text(second.replace("from train import evaluate, train", "from train import train"))
+    done = accelify("convert", ".", cwd=folder)
+    # main.py converts train() and evaluate(); other.py only train(): the module would differ
+    assert "ACC141" in done.stderr, done.stderr
+    assert "0 files would be converted" in done.stderr
+    written = accelify("convert", "-i", ".", cwd=folder)
+    assert (folder / "train.py").read_bytes() == (PROJECTS / "functions" / "before" / "train.py").read_bytes()
+    assert written.returncode == 0
+
+
+def test_the_module_keeps_its_crlf_newlines() -> None:
+    text = (PROJECTS / "package_alias" / "after" / "engine" / "loops.py").read_bytes()
+    assert text.count(b"\r\n") == text.count(b"\n") > 10
+
+
+def test_a_name_bound_by_both_files_keeps_them_apart(tmp_path: Path) -> None:
+    """Both files define `log`: one program would mean one of them: no unit, the script alone (ACC135)."""
+    folder = copy_of(tmp_path, "functions")
+    main = folder / "main.py"
+    main.write_text(main.read_text() + "\n\ndef log(x):\n    print(x)\n")
+    train = folder / "train.py"
+    train.write_text(train.read_text().replace("def unused_helper", "def log(x):\n    return x\n\n\ndef unused_helper")
+                     .replace("print(f\"accuracy", "log(f\"accuracy"))
+    assert unit_of(main.read_text(), str(main)) is None
+    result = convert_source(main.read_text(), str(main))
+    assert not result.changed and [f.code for f in result.findings] == ["ACC135"]
+
+
+def test_verify_runs_the_converted_script_with_its_converted_module(tmp_path: Path) -> None:
+    """One process: the same losses as the original; two: each rank its share, no hang."""
+    from accelify.app.verify import verify
+
+    folder = copy_of(tmp_path, "functions")
+    result = verify("main.py", cwd=str(folder), processes=2, steps=6, args=["--epochs", "1"])
+    assert result.exit_code == 0, (result.verdict, result.message)
+    assert result.distributed is not None and result.distributed.verdict == "ok"
+    assert files_of(folder).keys() >= files_of(PROJECTS / "functions" / "before").keys()
+    assert (folder / "train.py").read_bytes() == (PROJECTS / "functions" / "before" / "train.py").read_bytes()
