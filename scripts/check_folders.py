@@ -75,13 +75,22 @@ def check(folder: Path, steps: int, timeout: float) -> dict:
                            timeout=timeout)
         source = (work / script).read_text(encoding="utf-8")
         result = convert_source(source, str(work / script))  # its local modules are read beside it
-        row["findings"] = [f"{f.line}:{f.code} {f.message}" for f in result.findings]
+        row["findings"] = [f"{f.line}:{f.code} {f.message}" for f in result.findings] + [
+            f"{os.path.relpath(c.path, work)}:{f.line}:{f.code} {f.message}" for c in result.companions for f in c.findings]
         if result.error:
             return {**row, "result": "error", "error": result.error}
         if not result.changed:
-            return {**row, "result": "refused" if result.findings else "silent"}
-        again = convert_source(result.output, str(work / script))
-        if again.changed:
+            return {**row, "result": "refused" if row["findings"] else "silent"}
+        row["companions"] = [os.path.relpath(c.path, work) for c in result.companions if c.changed]
+        if row["companions"]:  # converted with modules beside it: converted again where they are converted too
+            twice = Path(tmp) / "twice"
+            shutil.copytree(work, twice, symlinks=True)
+            for companion in result.companions:
+                (twice / os.path.relpath(companion.path, work)).write_text(companion.output, encoding="utf-8")
+            again = convert_source(result.output, str(twice / script))
+        else:
+            again = convert_source(result.output, str(work / script))
+        if again.changed or any(c.changed for c in again.companions):
             return {**row, "result": "not idempotent"}
         folder_of, name = os.path.split(script)
         verify = [str(Path(sys.executable).parent / "accelify"), "verify", name, "--steps", str(steps),

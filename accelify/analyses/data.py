@@ -126,13 +126,39 @@ def trained_here(facts: Facts, plan: Plan, optimizers) -> bool:
     facts.finding(
         plan, handed, "ACC135",
         f"the optimizer is handed to `{code_of(handed.func)}`, of {module}, which trains "
-        "in another module, which accelify does not convert yet (this file runs no backward): converting this "
-        "file alone would prepare the model and leave that module's data and backward pass as they are. File "
-        "not converted.",
+        "in another module that accelify cannot convert together with this file (this file runs no backward): "
+        "converting this file alone would prepare the model and leave that module's data and backward pass as "
+        "they are. File not converted.",
         "convert the training loop where it is (`accelerator.prepare(...)` of its data, "
         "`accelerator.backward(loss)`), or move the loop into this file.",
     )
     return False
+
+
+def handed_elsewhere(facts: Facts, plan: Plan) -> bool:
+    """False (ACC135) when the prepared model or a prepared DataLoader is handed to a function of another
+    module of the project that places tensors, trains or runs more of the project's code (NCF's
+    ``evaluate.metrics(model, test_loader, top_k)`` and its ``user.cuda()``), and was not converted together
+    with this file: after ``prepare`` it would move the batches off each process's device, or count one
+    shard."""
+    objects = plan.flow["model"] | plan.flow["loader"]
+    for call in facts.calls:
+        if not any(ref_of(facts, a.value) in objects for a in call.args):
+            continue
+        function = called_function(facts, facts.module, facts.foreign, call.func)
+        if function is None or not function.unsafe:
+            continue
+        given = next(code_of(a.value) for a in call.args if ref_of(facts, a.value) in objects)
+        facts.finding(
+            plan, call, "ACC135",
+            f"`{given}` is handed to `{code_of(call.func)}`, a function of `{function.module}` that {function.why[:160]}: "
+            "accelify cannot convert it together with this file, and after `prepare` it would move the batches "
+            "off each process's device or count one process's shard. File not converted.",
+            f"convert `{code_of(call.func)}` by hand (place on `accelerator.device`, gather with "
+            "`accelerator.gather_for_metrics`), or move it into this file.",
+        )
+        return False
+    return True
 
 
 #: what the processes of a hand-written distributed run are managed with

@@ -309,6 +309,7 @@ def _decide(facts: Facts) -> Plan:
     blockers.step("spelling", ("setup",), lambda: accelerator.spelling(facts, plan))
     blockers.step("objects", ("setup",), objects_step)
     blockers.step("reaches", ("objects",), lambda: prepare_point.reaches_training(facts, plan, first))
+    blockers.step("handed", ("objects",), lambda: data.handed_elsewhere(facts, plan))
     # from here on every analysis reads the setup scope and what flows out of it: only where it reaches training
     blockers.step("devices", ("distributed", "reaches"), devices_step)
     blockers.step("placed", ("spelling", "devices"), placed_step)

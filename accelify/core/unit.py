@@ -47,6 +47,8 @@ class Piece:
     #: ``from loops import train_vanilla as train``: (``def train_vanilla``, ``def train``), as the
     #: definition is named in the module and in the program
     renamed: Optional[tuple[str, str]] = None
+    #: token -> the module's own name of a definition the script reaches as ``module.name``
+    tokens: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +73,9 @@ class Unit:
     tail_first: int  # the program's line where the rest of the script starts
     fence: str  # the statement before and after the pieces (``<word> = 0``): the import block ends there
     program_head: str = ""  # the program's text before the pieces (the script's, masked)
+    #: ``import train`` ... ``train.train(...)``: in the program, each ``train.train`` of the script is a
+    #: name of its own (token -> ``train.train``), and so is the definition in the module's pieces
+    tokens: dict[str, str] = field(default_factory=dict)
 
     def elsewhere(self) -> frozenset:
         """The functions and classes the modules' pieces define (in the program, under these names)."""
@@ -118,6 +123,8 @@ class Unit:
         entry = self._unmask(_blank_ends_as(head, self.program_head) + tail)
         if entry is None:
             return None
+        for token, original in self.tokens.items():
+            entry = entry.replace(token, original)
         new_texts: dict[str, str] = {}
         for companion in self.companions:
             lines = companion.text.splitlines(keepends=True)
@@ -134,6 +141,8 @@ class Unit:
                     if body.count(program_name) != 1:
                         return None
                     body = body.replace(program_name, module_name)
+                for token, name in piece.tokens.items():
+                    body = body.replace(token, name)
                 replaced.append((piece.start, piece.end, body.replace(_newline_of(self.source), companion.newline)
                                  if companion.newline != _newline_of(self.source) else body))
             if not replaced:
@@ -163,7 +172,11 @@ def needed_imports(old: str, new: str) -> set[str]:
 # building the program
 
 
-_FROM_LOCAL = re.compile(r"^from[ \t]+(\.?)([\w.]+)[ \t]+import\b", re.MULTILINE)
+#: What code that trains or evaluates a model says (a backward; the batches placed, the model put in
+#: evaluation mode, gradients off): a module's function with none of these is no training code
+_MARKS = (".backward(", ".cuda(", ".to(", "no_grad", ".eval()")
+
+_FROM_LOCAL = re.compile(r"^(?:from[ \t]+(\.?)([\w.]+)[ \t]+import\b|import[ \t]+()([\w., \t]+)$)", re.MULTILINE)
 
 
 def companion_files(source: str, path: str) -> list[str]:
@@ -178,9 +191,14 @@ def companion_files(source: str, path: str) -> list[str]:
 def _trains_beside(source: str, sources: ProjectSources) -> bool:
     """The text test: a top-level ``from X import`` of a module beside the script that runs a backward."""
     for match in _FROM_LOCAL.finditer(source):
-        text = sources.module_source(match.group(2), len(match.group(1)))
-        if text is not None and ".backward(" in text:
-            return True
+        if match.group(2) is not None:
+            modules = [(match.group(2), len(match.group(1)))]
+        else:  # `import train, utils as u`
+            modules = [(part.split()[0], 0) for part in match.group(4).split(",") if part.split()]
+        for dotted, level in modules:
+            text = sources.module_source(dotted, level)
+            if text is not None and any(mark in text for mark in _MARKS):
+                return True
     return False
 
 
@@ -202,14 +220,43 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
     masked_statements: list[ast.ImportFrom] = []
     companions: list[Companion] = []
     taken: dict[str, tuple] = {}
+    tag = _tag(source)
+    word = "accelify_masked_" + tag.split("-")[1]
+    tokens: dict[str, str] = {}  # token -> `module.name`, in the script
+    handed = _handed_training_objects(tree)
+    replacements: list[tuple[int, int, int, str]] = []  # (line, start, end byte) of `module.name` -> token
+    last_import = 0
     for statement in tree.body:
+        if isinstance(statement, ast.Import):
+            for alias in statement.names:
+                found = _module_attributes(tree, statement, alias, sources, path, word, handed)
+                if found is False:
+                    return None
+                if found is None:
+                    continue
+                companion, module_tree, package, uses, used_tokens = found
+                for name, key in _bindings([s for s in module_tree.body if _kept(s, companion)], package).items():
+                    if name in used_tokens.values():
+                        continue
+                    other = entry_bound.get(name) or taken.get(name)
+                    if other is not None and (other != key or key[0] != "import"):
+                        return None  # both files bind it, to different things
+                    taken[name] = key
+                local = alias.asname or alias.name
+                for token, name in used_tokens.items():
+                    tokens[token] = f"{local}.{name}"
+                replacements += [(u.lineno, u.col_offset, u.end_col_offset or 0, f"{word}_{local}_{u.attr}")
+                                 for u in uses if f"{word}_{local}_{u.attr}" in used_tokens]
+                companions.append(companion)
+                last_import = max(last_import, statement.end_lineno or statement.lineno)
+            continue
         if not isinstance(statement, ast.ImportFrom) or statement.level > 1 or not statement.module:
             continue
         found = sources.module_file(statement.module, statement.level)
         if found is None:
             continue
         text = _read(found)
-        if text is None or ".backward(" not in text:
+        if text is None or not any(mark in text for mark in _MARKS):
             continue
         try:
             module_tree = ast.parse(text)
@@ -219,7 +266,8 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
         defined = _top_definitions(module_tree)
         if any(alias.name == "*" for alias in statement.names):
             return None
-        if not any(".backward(" in (ast.get_source_segment(text, defined[n]) or "") for n in _reached(defined, names)):
+        local_of = {alias.asname or alias.name: alias.name for alias in statement.names}
+        if not _joins(text, defined, names, {local_of[c] for c in handed if c in local_of}):
             continue
         if any(n not in defined for n in names):
             return None  # a constant or a name the module imports: kept as an import, it would clash
@@ -240,12 +288,17 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
             taken[name] = key
         masked_statements.append(statement)
         companions.append(companion)
-    if not companions:
+    if not companions or any(tag.rstrip("-") in c.text or word in c.text for c in companions):
         return None
-    tag = _tag(source + "".join(c.text for c in companions))
+    if "__main__" not in source and not _runs_at_top(tree, {n for s in masked_statements for n in
+                                                             (a.asname or a.name for a in s.names)}
+                                                        | {t.split(".")[0] for t in tokens.values()}):
+        return None  # a module others import (no `if __name__ == "__main__":`, nothing run at its top)
     masked: dict[str, str] = {}
     program_lines = list(lines)
-    word = "accelify_masked_" + tag.split("-")[1]
+    for line_number, start, end, token in sorted(replacements, reverse=True):
+        raw = program_lines[line_number - 1].encode("utf-8")
+        program_lines[line_number - 1] = (raw[:start] + token.encode() + raw[end:]).decode("utf-8")
     for statement in masked_statements:
         for index in range(statement.lineno - 1, statement.end_lineno or statement.lineno):
             original = program_lines[index]
@@ -257,13 +310,13 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
             program_lines[index] = placeholder + ending
     if any(len(s.names) and s.lineno == (s.end_lineno or s.lineno) and ";" in lines[s.lineno - 1] for s in masked_statements):
         return None  # `from train import train; x = 1`: the mask would hide more than the import
-    cut = max(s.end_lineno or s.lineno for s in masked_statements)
+    cut = max([s.end_lineno or s.lineno for s in masked_statements] + [last_import])
     head = "".join(program_lines[:cut])
     tail = "".join(program_lines[cut:])
     if head and not head.endswith(("\n", "\r")):
         return None  # the import is the script's last line, without a newline: nothing follows it anyway
     fence = f"{word} = 0"
-    unit = Unit(path, source, "", tag, masked, companions, cut, 0, fence, head)
+    unit = Unit(path, source, "", tag, masked, companions, cut, 0, fence, head, tokens)
     parts = [head, unit._marker("begin"), fence + newline]
     line = head.count("\n") + 3
     for index, piece in enumerate(p for c in companions for p in c.pieces):
@@ -316,6 +369,148 @@ def _companion(text: str, tree: ast.Module, names: list[str], path: str, package
             piece.rewritten = True
         companion.pieces.append(piece)
     return companion
+
+
+def _joins(text: str, defined: dict[str, ast.stmt], names: list[str], handed: set[str]) -> bool:
+    """Does the module join the program: what the script imports from it runs a backward, or a function the
+    script hands a training object (its model, a DataLoader) places tensors or evaluates (NCF's
+    ``evaluate.metrics(model, test_loader, top_k)``: its ``.cuda()`` and its metrics over the loader)?"""
+    def code(names_: "set[str] | list[str]") -> str:
+        return "".join(ast.get_source_segment(text, defined[n]) or "" for n in _reached(defined, list(names_)))
+
+    if ".backward(" in code(names):
+        return True
+    functions = {n for n in handed if isinstance(defined.get(n), (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return any(mark in code({n}) for n in functions for mark in _MARKS)
+
+
+def _handed_training_objects(tree: ast.Module) -> set[str]:
+    """The functions the script calls with its model or a DataLoader as an argument (``evaluate``,
+    ``utils.metrics``): a model is a name whose ``.parameters()`` is read, a loader a name bound to a
+    ``DataLoader(...)`` call."""
+    objects: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parameters" \
+                and isinstance(node.func.value, ast.Name):
+            objects.add(node.func.value.id)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called.endswith("DataLoader"):
+                objects.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    callees: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        args = [*node.args, *(k.value for k in node.keywords)]
+        if not any(isinstance(a, ast.Name) and a.id in objects for a in args):
+            continue
+        if isinstance(node.func, ast.Name):
+            callees.add(node.func.id)
+        elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+            callees.add(f"{node.func.value.id}.{node.func.attr}")
+    return callees
+
+
+def _runs_at_top(tree: ast.Module, names: set[str]) -> bool:
+    """Does the module's own top-level code (not its functions and classes) use one of ``names``?"""
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+            continue
+        if any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(statement)):
+            return True
+    return False
+
+
+def _module_attributes(tree: ast.Module, statement: ast.Import, alias: ast.alias, sources: ProjectSources,
+                       path: str, word: str, handed: set[str]):
+    """``import train`` and ``train.train(...)``, ``train.evaluate(...)``: (the module's pieces, its tree, its
+    package, the script's ``train.x`` nodes, {token: name} of the definitions given tokens); None if it is
+    not a module beside the script that trains; False if it is, but the program could not mean the files."""
+    if "." in alias.name and alias.asname is None:
+        return None  # `import a.b` binds `a`: not followed
+    found = sources.module_file(alias.name, 0)
+    text = _read(found) if found is not None else None
+    if text is None or not any(mark in text for mark in _MARKS):
+        return None
+    try:
+        module_tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    local = alias.asname or alias.name.split(".")[0]
+    uses = _attribute_uses(tree, local, statement)
+    defined = _top_definitions(module_tree)
+    if uses is None:
+        return False
+    names = sorted({u.attr for u in uses if isinstance(defined.get(u.attr), (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                              ast.ClassDef))})
+    if not _joins(text, defined, names, {c.split(".", 1)[1] for c in handed if c.startswith(local + ".")}):
+        return None
+    if any(u.lineno != u.end_lineno for u in uses if u.attr in names):
+        return False
+    relative = os.path.relpath(found, sources.root)  # type: ignore[arg-type]
+    package = os.path.dirname(relative).replace(os.sep, ".")
+    companion = _companion(text, module_tree, names, _display(path, relative), package)
+    if companion is None:
+        return False
+    tokens = {f"{word}_{local}_{name}": name for name in names}
+    if not _retoken(companion, {name: token for token, name in tokens.items()}):
+        return False
+    return companion, module_tree, package, uses, tokens
+
+
+def _attribute_uses(tree: ast.Module, local: str, statement: ast.Import) -> Optional[list[ast.Attribute]]:
+    """Every ``local.x`` of the script; None if ``local`` is used otherwise (handed on, bound again)."""
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == local:
+            uses.append(node)
+    attributes = {id(u.value) for u in uses}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == local and id(node) not in attributes:
+            return None
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node is not statement and any(
+                (a.asname or a.name.split(".")[0]) == local for a in node.names):
+            return None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == local:
+            return None
+    if any(isinstance(u.ctx, (ast.Store, ast.Del)) for u in uses):
+        return None  # `train.x = ...`: the module's state, set from the script
+    return uses
+
+
+def _retoken(companion: Companion, tokens: dict[str, str]) -> bool:
+    """In the pieces, each definition in ``tokens`` and every name that reads it is its token."""
+    for piece in companion.pieces:
+        if piece.rewritten:
+            continue
+        try:
+            tree = ast.parse(piece.original)
+        except (SyntaxError, ValueError):
+            return False
+        lines = piece.text.splitlines(keepends=True)
+        spots: list[tuple[int, int, int, str]] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in tokens:
+                spots.append((node.lineno, node.col_offset, node.end_col_offset or 0, tokens[node.id]))
+            elif isinstance(node, (ast.Global, ast.Nonlocal)) and set(node.names) & tokens.keys():
+                return False
+        for statement in tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and statement.name in tokens:
+                raw = lines[statement.lineno - 1].encode("utf-8")
+                keyword = b"class" if isinstance(statement, ast.ClassDef) else b"def"
+                found = re.search(rb"\b" + keyword + rb"\s+" + re.escape(statement.name.encode()) + rb"\b", raw)
+                if found is None:
+                    return False
+                start = found.end() - len(statement.name.encode())
+                spots.append((statement.lineno, start, found.end(), tokens[statement.name]))
+        for line, start, end, token in sorted(spots, reverse=True):
+            raw = lines[line - 1].encode("utf-8")
+            lines[line - 1] = (raw[:start] + token.encode() + raw[end:]).decode("utf-8")
+        if spots:
+            piece.tokens = {token: name for name, token in tokens.items() if token in "".join(lines)}
+            piece.text = "".join(lines)
+    return True
 
 
 def _rename(companion: Companion, tree: ast.Module, renames: dict[str, str]) -> bool:
