@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Optional, Union
 
 import libcst as cst
@@ -62,8 +64,10 @@ class MainProcessFiles(AccelifyCodemod):
     main process too (what it writes was gathered); one inside the loop over the prepared loader
     is refused (ACC131).  A ``with open(path, "w")`` outside any loop that writes only the run's
     settings (``json.dump(vars(args), f)``: options, literals and pure functions of them, the same
-    on every process) is written by the main process; any other file opened for writing is left
-    with ACC127.  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
+    on every process) is written by the main process; so is a log (``with open(logname, "a") as f:``
+    whose body only writes to ``f``, ``csv.writer(f).writerow(...)`` included, a path the script never
+    reads back): rank 0's values, as ``accelerator.print`` shows them, once.  Any other file opened for
+    writing is left with ACC127.  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
     (``writer.add_scalar(...)``) is created and written by the main process; an optional one
     (``SummaryWriter(...) if args.log else None``, used under ``if writer is not None:``) gets the
     main process as one more condition.  A call of another module's function that writes files
@@ -300,6 +304,8 @@ class MainProcessFiles(AccelifyCodemod):
                 return  # a download helper's file: written by the main process first
             if "w" in mode and self._settings_file(node):
                 return  # the settings of the run: written once, by the main process
+            if self._log_file(node, mode):
+                return  # a log of the run (a CSV of the epochs' metrics): written by the main process
             what = f"a file opened with mode {mode!r}: every process writes it"
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
         elif self.plan.evaluation and self._per_batch_write(node):
@@ -405,8 +411,80 @@ class MainProcessFiles(AccelifyCodemod):
             return False
         if not all(self._writes_settings(stmt, handles, frozenset()) for stmt in statement.body.body):
             return False
+        if self._read_back(call):
+            return False  # read back by the script: every process needs it there
         self._guard_with[id(statement)] = accelerator
         return True
+
+    def _log_file(self, call: cst.Call, mode: str) -> bool:
+        """``with open(logname, "a") as f:`` whose body only writes to ``f`` (``f.write(...)``, ``print(...,
+        file=f)``, ``json.dump(x, f)``, ``w = csv.writer(f)`` then ``w.writerow(...)``), with nothing the
+        processes do together in it, where the Accelerator is, and a path the script never reads back: the
+        run's log, written by the main process (rank 0's values, as `accelerator.print` shows them) rather
+        than once per process into the same file (True: guarded in leave_With)."""
+        if set(mode) - set("wat"):
+            return False  # binary, or read too
+        item = self.get_metadata(ParentNodeProvider, call, None)
+        statement = self.get_metadata(ParentNodeProvider, item, None) if isinstance(item, cst.WithItem) else None
+        if not isinstance(statement, cst.With) or len(statement.items) != 1 or not call.args or not isinstance(
+                self.get_metadata(ParentNodeProvider, statement, None), (cst.IndentedBlock, cst.Module)):
+            return False
+        accelerator = self.accelerator_at(statement)
+        handle = statement.items[0].asname.name if statement.items[0].asname is not None else None
+        if accelerator is None or not isinstance(handle, cst.Name) or self._in_loader_loop(call):
+            return False
+        writers = {handle.value}
+        for stmt in statement.body.body:
+            if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call()) | m.Assign(value=m.Call())])):
+                return False
+            small = stmt.body[0]  # type: ignore[attr-defined]
+            inner: cst.Call = small.value
+            if findall(inner, m.Attribute(value=m.Name(accelerator))) or findall(inner, m.Name(accelerator)):
+                return False  # gathers, waits: every process must run it
+            names = {n.value for n in findall(inner, m.Name())}
+            if isinstance(small, cst.Assign):  # `logwriter = csv.writer(logfile, ...)`
+                if not (qualified_names(self, inner.func) & {"csv.writer", "csv.DictWriter"}) or not names & writers \
+                        or len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
+                    return False
+                writers.add(small.targets[0].target.value)
+                continue
+            func = inner.func
+            to_handle = (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+                         and func.value.value in writers and func.attr.value in (
+                             "write", "writelines", "writerow", "writerows", "writeheader", "flush"))
+            to_handle = to_handle or (  # `csv.writer(f).writerow(...)`
+                isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call)
+                and bool(qualified_names(self, func.value.func) & {"csv.writer", "csv.DictWriter"})
+                and any(m.matches(a.value, m.Name(handle.value)) for a in func.value.args)
+                and func.attr.value in ("writerow", "writerows", "writeheader"))
+            printed = m.matches(func, m.Name("print")) and any(
+                a.keyword is not None and a.keyword.value == "file" and m.matches(a.value, m.Name(handle.value))
+                for a in inner.args)
+            dumped = bool(qualified_names(self, func) & {"json.dump", "yaml.dump", "yaml.safe_dump"}) and any(
+                m.matches(a.value, m.Name(handle.value)) for a in inner.args)
+            if not (to_handle or printed or dumped):
+                return False
+        if any(re.search(r"rank|pid|process|worker", n.value, re.IGNORECASE) for n in findall(call.args[0], m.Name())):
+            return False  # `f"log_{rank}.txt"`: a file per process
+        if self._read_back(call):
+            return False
+        self._guard_with[id(statement)] = accelerator
+        return True
+
+    def _read_back(self, call: cst.Call) -> bool:
+        """Is the path ``open(path, "w")`` writes used by the script otherwise than to write it or to ask
+        whether it exists (read back, handed on)? The other processes may need the file then."""
+        path = cst.Module(body=[]).code_for_node(call.args[0].value)
+        for other in findall(self.shared.module, m.Call()):
+            if other is call or not other.args or cst.Module(body=[]).code_for_node(other.args[0].value) != path:
+                continue
+            if qualified_names(self, other.func) & {"os.path.exists", "os.path.isfile"}:
+                continue
+            if m.matches(other.func, m.Name("open")) and len(other.args) > 1 and set(
+                    string_value(other.args[1].value) or "r") & set("wa"):
+                continue
+            return True
+        return False
 
     def _setting(self, expr: cst.BaseExpression, allowed: frozenset[int] = frozenset()) -> bool:
         return same_on_every_process(self, self.shared.module, expr, allowed)

@@ -1,7 +1,8 @@
 """A file of the run's settings written before training (`json.dump(vars(args), f)`, wgan's
-`generator_config.json`) is the same on every process: it is written by the main process. A file
-whose content may differ between processes (a seed drawn at random, a tensor, the time) stays as it
-is, with ACC127."""
+`generator_config.json`) is the same on every process: it is written by the main process. So is a
+log whose block only writes to it (mixup-cifar10's CSV of the epochs' metrics): rank 0's values, as
+`accelerator.print` shows them, once, rather than every process into the same file. A file read back,
+named per process, or whose block does more than write stays as it is, with ACC127."""
 
 from __future__ import annotations
 
@@ -77,7 +78,40 @@ def test_a_settings_file_is_written_by_the_main_process(write, before) -> None:
     ('with open("args.json", "w") as f:\n    json.dump(vars(args), f)', "args.lr *= 2"),
     ('with open("args.json", "w") as f:\n    json.dump(vars(args), f)', 'setattr(args, "lr", random.random())'),
 ])
-def test_a_file_that_may_differ_between_processes_is_left_with_acc127(write, before) -> None:
+def test_a_log_that_may_differ_between_processes_is_written_by_rank_0(write, before) -> None:
+    result = convert(write, before)
+    assert result.changed and not [f for f in result.findings if f.code == "ACC127"], result.findings
+    assert guarded(result, write.splitlines()[0])
+    assert pipeline.convert_source(result.output, "train.py").output == result.output  # idempotent
+
+
+def test_a_csv_log_appended_every_epoch_is_written_by_rank_0() -> None:
+    """mixup-cifar10: the header once, then a row per epoch (`csv.writer(f).writerow(...)`)."""
+    text = SCRIPT.format(write="", before="").replace("for x, y in loader:\n", (
+        'if not os.path.exists("log.csv"):\n    with open("log.csv", "w") as logfile:\n'
+        '        csv.writer(logfile).writerow(["epoch", "loss"])\n'
+        "for epoch in range(2):\n  for x, y in loader:\n")).replace("    x, y = x.to", "    x, y = x.to")
+    text = text.replace("\n    x, y = x.to(device), y.to(device)\n    loss = ((model(x) - y) ** 2).mean()\n    opt.zero_grad()"
+                        "\n    loss.backward()\n    opt.step()\n",
+                        "\n    x, y = x.to(device), y.to(device)\n    loss = ((model(x) - y) ** 2).mean()\n    opt.zero_grad()"
+                        "\n    loss.backward()\n    opt.step()\n  with open(\"log.csv\", \"a\") as logfile:\n"
+                        "    logwriter = csv.writer(logfile, delimiter=\",\")\n    logwriter.writerow([epoch, loss.item()])\n")
+    text = "import csv\n" + text
+    result = pipeline.convert_source(text, "train.py")
+    assert result.changed and not [f for f in result.findings if f.code == "ACC127"], result.findings
+    assert guarded(result, 'with open("log.csv", "w") as logfile:')
+    assert guarded(result, 'with open("log.csv", "a") as logfile:')
+
+
+@pytest.mark.parametrize("write, before", [
+    # read back by the script: the other processes would not find it
+    ('with open("cache.txt", "w") as f:\n    f.write(str(args.lr))\nwith open("cache.txt") as f:\n    lr = float(f.read())', ""),
+    # named per process: each process its own file
+    ('with open(f"log_{rank}.txt", "w") as f:\n    f.write(str(args.lr))', "rank = random.randint(0, 9)"),
+    # the block does more than write
+    ('with open("log.txt", "w") as f:\n    f.write(str(args.lr))\n    args.lr = 0.5', ""),
+])
+def test_a_file_read_back_or_per_process_is_left_with_acc127(write, before) -> None:
     result = convert(write, before)
     assert result.changed
     assert not guarded(result, write.splitlines()[0])

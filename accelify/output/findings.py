@@ -78,7 +78,8 @@ FINDINGS: dict[str, str] = {
     "gradients all-reduced by hand, a rank with a single-process default): the "
     "finding names it; file left unchanged (half a conversion would wrap the model or shard the data twice).",
     "ACC127": "A logger (`wandb.init`, a `SummaryWriter` handed on or used inside an expression), a file opened for "
-    "writing that may differ between processes, or a download (`download=True`) outside the setup code, that every "
+    "writing that may differ between processes (not a log whose block only writes to it, nor the run's settings: "
+    "those are written by the main process), or a download (`download=True`) outside the setup code, that every "
     "process runs: left as it is; reported (`if accelerator.is_main_process:`, "
     "`with accelerator.main_process_first():`).",
     "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator, or the `state_dict()` of a "
