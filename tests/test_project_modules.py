@@ -204,3 +204,18 @@ def test_a_script_that_runs_nothing_that_trains_stays_silent(tmp_path, more, bod
     (tmp_path / "main.py").write_text(text, encoding="utf-8")
     result = convert_source(text, str(tmp_path / "main.py"))
     assert not result.changed and result.findings == []
+
+
+def test_a_module_used_as_module_dot_function_is_named_when_it_cannot_join(tmp_path) -> None:
+    """`import solver` ... `solver.Solver(args).train()`: ACC135 names it when the two cannot be one program
+    (here both define `log`, which the module's training calls)."""
+    solver = SOLVER.replace("        self.optim.step()\n", "        self.optim.step()\n        log(loss)\n")
+    (tmp_path / "solver.py").write_text(solver + "\n\ndef log(x):\n    print(x)\n", encoding="utf-8")
+    text = MAIN.format(more="", body="net = solver.Solver(args)\n    net.train()").replace(
+        "from solver import Solver", "import solver") + "\n\ndef log(x):\n    pass\n"
+    (tmp_path / "main.py").write_text(text, encoding="utf-8")
+    result = convert_source(text, str(tmp_path / "main.py"))
+    assert not result.changed and not result.companions
+    [finding] = result.findings
+    assert (finding.code, finding.line) == ("ACC135", 3)
+    assert "it runs `Solver` of `solver`" in finding.message

@@ -61,6 +61,7 @@ class ProjectSources:
 
 
 _FROM_IMPORT = re.compile(r"^from[ \t]+(\.?[\w.]*)[ \t]+import[ \t]+(?:\(([^)]*)\)|([\w \t,]+))", re.MULTILINE)
+_IMPORT = re.compile(r"^import[ \t]+([\w., \t]+)$", re.MULTILINE)
 _TOP_LEVEL = re.compile(r"^(?:class|def)\s+(\w+)", re.MULTILINE)
 
 
@@ -71,6 +72,19 @@ def delegated_training(source: str, sources: ProjectSources) -> Optional[tuple[i
     Text only, as the pre-check reads files that do not train."""
     if "__main__" not in source:
         return None
+    for match in _IMPORT.finditer(source):  # `import train` ... `train.train(loader, model, optimizer)`
+        for part in match.group(1).split(","):
+            words = part.split()
+            if not words or not all(p.isidentifier() for p in words[0].split(".")):
+                continue
+            module, local = words[0], words[-1]
+            text = sources.module_source(module)
+            if text is None or ".backward(" not in text:
+                continue
+            bodies = _top_level_bodies(text)
+            for name in re.findall(rf"\b{re.escape(local)}\.(\w+)\s*\(", source[match.end():]):
+                if name in bodies and ".backward(" in bodies[name]:
+                    return source.count("\n", 0, match.start()) + 1, name, module
     for match in _FROM_IMPORT.finditer(source):
         module = match.group(1)  # (no LibCST here: the pre-check's side of the runner imports this module)
         dotted = module.lstrip(".")
