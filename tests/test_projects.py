@@ -176,3 +176,15 @@ def test_verify_runs_the_converted_script_with_its_converted_modules(name: str, 
     assert result.distributed is not None and result.distributed.verdict == "ok", result.distributed.message
     before = files_of(PROJECTS / name / "before")
     assert {p: t for p, t in files_of(folder).items() if p in before} == before
+
+
+def test_a_notebook_that_trains_in_a_module_is_left_with_acc135(tmp_path: Path) -> None:
+    """A notebook's cells are one program already; its modules are not converted with it (yet): the
+    notebook is left as it is, and ACC135 says why (converting its cells alone would call `train` wrongly)."""
+    folder = copy_of(tmp_path, "functions")
+    code = (folder / "main.py").read_text().replace('if __name__ == "__main__":\n    main()\n', "main()\n")
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None}],
+                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (folder / "train.ipynb").write_text(json.dumps(notebook))
+    done = accelify("convert", "train.ipynb", cwd=folder)
+    assert done.returncode == 0 and "ACC135" in done.stderr and not done.stdout

@@ -76,7 +76,8 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     except cst.ParserSyntaxError as exc:
         return Result(path, source, source, error=_syntax_error(path, source, exc))
     try:
-        unit = unit_of(source, path)
+        # (a notebook's cells are one program already; its modules are not converted with it yet)
+        unit = unit_of(source, path) if not path.endswith(".ipynb") else None
         result = _convert_unit(unit, options) if unit is not None else None
         alone = result is None
         if alone:
