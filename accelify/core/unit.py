@@ -220,7 +220,7 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
     masked_statements: list[ast.ImportFrom] = []
     companions: list[Companion] = []
     taken: dict[str, tuple] = {}
-    tag = _tag(source)
+    tag = unused_tag(source)
     word = "accelify_masked_" + tag.split("-")[1]
     tokens: dict[str, str] = {}  # token -> `module.name`, in the script
     handed = _handed_training_objects(tree)
@@ -674,13 +674,17 @@ def _newline_of(text: str) -> str:
     return match.group(0) if match else "\n"
 
 
-def _tag(text: str) -> str:
+def unused_tag(text: str) -> str:
+    """A word found nowhere in ``text`` (``accelify-<hex>-``), for markers and placeholders."""
     digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
     for size in range(10, 41):
         tag = f"accelify-{digest[:size]}-"
         if tag not in text:
             return tag
-    return "accelify-unit-" + digest
+    salt = 0
+    while f"accelify-{salt}-" in text:
+        salt += 1
+    return f"accelify-{salt}-"
 
 
 def _display(entry: str, relative: str) -> str:

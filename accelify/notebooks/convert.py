@@ -27,7 +27,6 @@ otherwise the rest is converted and the cell reported. Nothing here raises on us
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from typing import Callable, Optional
 
 from accelify.core import precheck
 from accelify.core.result import Options, Result
+from accelify.core.unit import unused_tag
 from accelify.queries.records import Finding
 
 #: The finding for a cell the conversion cannot see (it does not parse, is another language, or
@@ -396,19 +396,6 @@ class _Part:
     first_line: int = 0  # of the cell's text in the program
 
 
-def _tag(text: str) -> str:
-    """A word found nowhere in ``text``, for markers and placeholders."""
-    digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
-    for size in range(10, 41):
-        tag = f"accelify-{digest[:size]}-"
-        if tag not in text:
-            return tag
-    salt = 0
-    while f"accelify-{salt}-" in text:
-        salt += 1
-    return f"accelify-{salt}-"
-
-
 def _locate(parts: list[_Part], line: int) -> tuple[Optional[int], int]:
     """A line of the program as (cell number, line in the cell)."""
     for part in reversed(parts):
@@ -436,7 +423,7 @@ def _convert(text: str, path: str, options: Options, convert_python: Callable[[s
         notebook = read(text, path)
     except NotebookError as exc:
         return Result(path, text, text, error=str(exc))
-    tag = _tag(text)
+    tag = unused_tag(text)
     parts: list[_Part] = []
     left_out: list[Finding] = []
     refuse = False
