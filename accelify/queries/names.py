@@ -115,6 +115,9 @@ WRITERS = TORCH_SAVE | frozenset({  # torch.save: what ACC009 does not save with
     # copies and moves of a file (`shutil.copyfile(last, best)` after a save): once, or N processes
     # race on the same target (and the others may copy before the main process has written)
     "shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move",
+    # deletions (pyGAT keeps the best epoch's checkpoint and removes the others): once, or the processes
+    # race to remove the same file and all but one fail
+    "os.remove", "os.unlink", "shutil.rmtree",
 })
 
 
