@@ -33,7 +33,7 @@ for epoch in range(3):
 
 def test_a_removed_checkpoint_is_removed_by_the_main_process() -> None:
     for remove in ("os.remove(file)", "os.unlink(file)", "shutil.rmtree(file)"):
-        result = pipeline.convert_source(SCRIPT.format(remove=remove), "train.py")
+        result = pipeline.convert_source(SCRIPT.replace("{remove}", remove), "train.py")
         assert result.changed, result.findings
         lines = result.output.splitlines()
         at = next(i for i, line in enumerate(lines) if line.strip() == remove)
