@@ -123,6 +123,52 @@ def test_a_function_of_the_project_that_writes_is_called_by_the_main_process(tmp
             in result.output)
 
 
+PROGRESS = """
+import sys
+import time
+
+last_time = time.time()
+
+
+def format_time(seconds):
+    return "%dms" % int(seconds * 1000)
+
+
+def progress_bar(current, total, msg=None):
+    global last_time
+    step = time.time() - last_time
+    last_time = time.time()
+    parts = [" %d/%d" % (current + 1, total), " | Step: " + format_time(step)]
+    if msg:
+        parts.append(" | " + msg)
+    sys.stdout.write("".join(parts))
+    sys.stdout.write("\\r" if current < total - 1 else "\\n")
+    sys.stdout.flush()
+
+
+def progress_and_seed(current, total):
+    print(current, total)
+    import torch
+    torch.manual_seed(current)
+"""
+
+
+def test_a_function_of_the_project_that_only_prints_is_called_by_the_main_process(tmp_path) -> None:
+    """kuangliu's `progress_bar` (copied by many research repositories): `sys.stdout.write` on every process."""
+    text, result = project(tmp_path, "from utils import get_data, progress_bar", "train_loader = get_data(2)",
+                           after="progress_bar(0, 1, 'done')", utils=UTILS + PROGRESS)
+    assert result.changed, result.findings
+    assert "if accelerator.is_main_process:\n    progress_bar(0, 1, 'done')" in result.output
+
+
+def test_a_function_that_prints_and_does_more_is_no_console_function(tmp_path) -> None:
+    """(It also seeds torch's generator: run by the main process only, the others would draw differently.)"""
+    text, result = project(tmp_path, "from utils import get_data, progress_and_seed", "train_loader = get_data(2)",
+                           after="progress_and_seed(0, 1)", utils=UTILS + PROGRESS)
+    assert result.changed and "progress_and_seed(0, 1)" in result.output
+    assert "is_main_process:\n    progress_and_seed" not in result.output
+
+
 MAIN = """\
 import argparse
 

@@ -11,6 +11,10 @@ function the script calls, :class:`Foreign` parses its module once and answers:
 - ``writes``: it writes files (``torch.save``, ``save_image``, ``savefig``, ``open(path, "w")``,
   an image's ``.save(path)``) and neither trains nor synchronises: every process would write them; the script's call goes under ``if accelerator.is_main_process:``
   (accelify.codemods.main_process_files) when its result is not used;
+- ``prints``: it writes to the console only (``print``, ``sys.stdout.write``: kuangliu's ``progress_bar``),
+  keeping its own timing in module globals and calling only functions of its module that compute
+  (``format_time``): every process would print it; the script's call goes under ``if
+  accelerator.is_main_process:`` as for a writer;
 - ``unsafe``: it places tensors, trains, downloads or unpacks data (``download=True``,
   ``urlretrieve``, ``extractall``), makes a directory without ``exist_ok=True`` or manages
   processes: none of the above is claimed for it (ACC135 still says why the file is left).
@@ -58,6 +62,7 @@ class ForeignFunction:
     writes: bool
     unsafe: bool
     why: str = ""  # what keeps it from being read as a loader function, for a finding
+    prints: bool = False
 
 
 class _Metadata:
@@ -122,7 +127,8 @@ class Foreign:
             why = "writes files"
         elif not why and loaders is None:
             why = "does not return a DataLoader it builds on every return"
-        return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why)
+        return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why,
+                               _console_only(module, meta, func))
 
     def _unsafe(self, meta: _Metadata, call: cst.Call) -> bool:
         """Does the call place tensors, train, synchronise, download, or run code of the project that is not
@@ -153,6 +159,46 @@ class Foreign:
                 if dotted and self.sources.module_source(dotted, level):
                     return True  # another module of the project
         return False
+
+
+#: what a console function may call besides printing: builtins, string and list methods, the clock
+_COMPUTES = frozenset({"int", "float", "str", "len", "range", "min", "max", "abs", "round", "format", "divmod",
+                       "enumerate", "zip", "sum", "append", "join", "format", "split", "strip", "ljust", "rjust"})
+
+
+def _console_only(module: cst.Module, meta: _Metadata, func: cst.FunctionDef, seen: frozenset = frozenset()) -> bool:
+    """Does ``func`` print and do nothing else (see the module's docstring: ``prints``)?"""
+    prints = False
+    if findall(func.body, m.FunctionDef() | m.ClassDef() | m.Nonlocal() | m.Yield() | m.Return(value=m.Call())):
+        return False
+    for call in findall(func.body, m.Call()):
+        names = qualified_names(meta, call.func)
+        if names & {"builtins.print", "print"} or any(n.startswith(("sys.stdout.", "sys.stderr.")) for n in names):
+            prints = True
+            continue
+        if any(n.startswith(("time.", "math.")) for n in names) or (
+                isinstance(call.func, cst.Name) and call.func.value in _COMPUTES and not names - {
+                    f"builtins.{call.func.value}", call.func.value}):
+            continue
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _COMPUTES:
+            continue  # `L.append(...)`, `"".join(L)`
+        local = next((s for s in module.body if isinstance(s, cst.FunctionDef) and isinstance(call.func, cst.Name)
+                      and s.name.value == call.func.value), None)
+        if local is not None and local.name.value not in seen and _computes(local):
+            continue
+        return False
+    return prints
+
+
+def _computes(func: cst.FunctionDef) -> bool:
+    """A function of the module that only computes a value from its arguments (``format_time``)."""
+    if findall(func.body, m.Global() | m.Nonlocal() | m.FunctionDef() | m.ClassDef()):
+        return False
+    for call in findall(func.body, m.Call()):
+        if not (isinstance(call.func, cst.Name) and call.func.value in _COMPUTES) and not (
+                isinstance(call.func, cst.Attribute) and call.func.attr.value in _COMPUTES):
+            return False
+    return True
 
 
 def _opens_for_writing(meta: _Metadata, call: cst.Call) -> bool:

@@ -343,7 +343,8 @@ def _decide(facts: Facts) -> Plan:
 
 def foreign_writers(facts: Facts) -> set[int]:
     """Calls, as statements of their own, of functions of the project's other modules that write
-    files (``save_images(samples, path)`` of dome272's utils): every process would write them."""
+    files (``save_images(samples, path)`` of dome272's utils) or print (``progress_bar(i, n, msg)``):
+    every process would write them."""
     if facts.foreign is None:
         return set()
     found = set()
@@ -351,6 +352,6 @@ def foreign_writers(facts: Facts) -> set[int]:
         parent = facts.get_metadata(ParentNodeProvider, call, None)
         if isinstance(parent, cst.Expr) and not (isinstance(call.func, cst.Name) and call.func.value in facts.functions):
             function = called_function(facts, facts.module, facts.foreign, call.func)
-            if function is not None and function.writes:
+            if function is not None and (function.writes or function.prints):
                 found.add(id(call))
     return found
