@@ -188,3 +188,18 @@ def test_a_notebook_that_trains_in_a_module_is_left_with_acc135(tmp_path: Path) 
     (folder / "train.ipynb").write_text(json.dumps(notebook))
     done = accelify("convert", "train.ipynb", cwd=folder)
     assert done.returncode == 0 and "ACC135" in done.stderr and not done.stdout
+
+
+def test_a_model_that_trains_itself_is_no_trainer_to_join(tmp_path: Path) -> None:
+    """MAML's `Meta(nn.Module)` steps its own optimizer in `forward`: the module does not join the script
+    (under DDP such a forward could not train); the script is analysed alone, as before."""
+    (tmp_path / "meta.py").write_text(
+        "import torch\n\n\nclass Meta(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.net = torch.nn.Linear(2, 1)\n        self.opt = torch.optim.Adam(self.net.parameters())\n\n"
+        "    def forward(self, x):\n        loss = self.net(x).sum()\n        self.opt.zero_grad()\n"
+        "        loss.backward()\n        self.opt.step()\n        return loss\n")
+    main = "import torch\nfrom meta import Meta\n\nif __name__ == \"__main__\":\n    model = Meta()\n    model(torch.randn(4, 2))\n"
+    (tmp_path / "main.py").write_text(main)
+    assert unit_of(main, str(tmp_path / "main.py")) is None
+    result = convert_source(main, str(tmp_path / "main.py"))
+    assert not result.changed and not result.companions

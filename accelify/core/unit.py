@@ -378,10 +378,22 @@ def _joins(text: str, defined: dict[str, ast.stmt], names: list[str], handed: se
     def code(names_: "set[str] | list[str]") -> str:
         return "".join(ast.get_source_segment(text, defined[n]) or "" for n in _reached(defined, list(names_)))
 
+    if any(_trains_itself(defined.get(n)) for n in names):
+        return False  # MAML's `Meta(nn.Module)`: its forward steps its own optimizer; no trainer to convert
     if ".backward(" in code(names):
         return True
     functions = {n for n in handed if isinstance(defined.get(n), (ast.FunctionDef, ast.AsyncFunctionDef))}
     return any(mark in code({n}) for n in functions for mark in _MARKS)
+
+
+def _trains_itself(statement: Optional[ast.stmt]) -> bool:
+    """A ``torch.nn.Module`` subclass that runs a backward in its own methods (a meta-learner whose
+    ``forward`` steps its optimizer): a model, not a trainer; under DDP its forward could not train."""
+    if not isinstance(statement, ast.ClassDef):
+        return False
+    module = any((isinstance(b, ast.Attribute) and b.attr == "Module") or (isinstance(b, ast.Name) and b.id == "Module")
+                 for b in statement.bases)
+    return module and any(isinstance(n, ast.Attribute) and n.attr == "backward" for n in ast.walk(statement))
 
 
 def _handed_training_objects(tree: ast.Module) -> set[str]:
