@@ -144,3 +144,25 @@ def test_a_tensor_gather_in_the_loop_is_no_gather_across_processes() -> None:
     source = SCRIPT.replace("        mse = criterion(out, y)\n", "        out = out.gather(1, idx)\n        mse = criterion(out, y)\n")
     result = convert(source)
     assert "        out, y = accelerator.gather_for_metrics((out, y))\n" in result.output
+
+
+def test_a_metric_that_ranks_the_samples_of_a_batch_against_each_other_is_refused() -> None:
+    """NCF: each batch is one user's candidates, `torch.topk(predictions, k)` ranks them and `torch.take`
+    picks the items: gathered, the processes' batches would be ranked as one (a wrong hit rate)."""
+    source = SCRIPT.replace(
+        "        out = model(x)\n        mse = criterion(out, y)\n        total += mse.item()\n",
+        "        out = model(x)\n        _, indices = torch.topk(out, 10)\n"
+        "        recommends = torch.take(y, indices).tolist()\n        total += int(y[0].item() in recommends)\n")
+    result = convert(source)
+    assert not result.changed
+    assert any(f.code == "ACC114" and "torch.topk(out, 10)" in f.message for f in result.findings), result.findings
+
+
+def test_a_ranking_along_a_dimension_of_each_sample_is_gathered() -> None:
+    """`torch.topk(out, 3, dim=1)`: each sample's own top classes, one row per sample: gathered."""
+    source = SCRIPT.replace(
+        "        out = model(x)\n        mse = criterion(out, y)\n        total += mse.item()\n",
+        "        out = model(x)\n        _, top = torch.topk(out, 3, dim=1)\n"
+        "        total += (top == y.unsqueeze(1)).any(dim=1).sum().item()\n")
+    result = convert(source)
+    assert result.changed and "gather_for_metrics((top, y))" in result.output, result.output

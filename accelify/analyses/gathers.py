@@ -72,15 +72,45 @@ def _per_sample(expr: cst.BaseExpression) -> bool:
         return len(expr.slice) == 1 and m.matches(expr.slice[0], m.SubscriptElement(m.Index(m.SimpleString() | m.Integer()))) and _per_sample(expr.value)
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _PER_SAMPLE:
         name = expr.func.attr.value
-        if name in _NEEDS_DIM and not expr.args:
+        receiver = expr.func.value
+        function = m.matches(receiver, m.Name("torch") | m.Attribute(value=m.Name("torch"), attr=m.Name("nn") | m.Name(
+            "special")) | m.Attribute(attr=m.Name("functional"))) or m.matches(receiver, m.Name("F"))
+        if name in _NEEDS_DIM and _without_dim(expr, function):
             return False
         args_ok = all(_per_sample(a.value) for a in expr.args)
-        receiver = expr.func.value
-        if m.matches(receiver, m.Name("torch") | m.Attribute(value=m.Name("torch"), attr=m.Name("nn") | m.Name("special"))
-                     | m.Attribute(attr=m.Name("functional"))) or m.matches(receiver, m.Name("F")):
+        if function:
             return args_ok and bool(expr.args)  # torch.argmax(logits, dim=-1), F.softmax(out, dim=1)
         return args_ok and _per_sample(receiver)
     return False
+
+
+def _without_dim(call: cst.Call, function: bool) -> bool:
+    """``torch.topk(scores, k)``, ``scores.argmax()``: a reduction over the whole tensor, or over its last
+    dimension, the batch's for a 1-D tensor (NCF ranks one user's candidates, a batch, against each other);
+    not ``out.max(1)``, ``torch.topk(x, k, dim=1)``."""
+    if any(a.keyword is not None and a.keyword.value == "dim" for a in call.args):
+        return False
+    positional = [a for a in call.args if a.keyword is None]
+    needed = (1 if function else 0) + (2 if call.func.attr.value == "topk" else 1)  # type: ignore[attr-defined]
+    return len(positional) < needed
+
+
+def _across_samples(statements: Sequence[cst.BaseStatement], derived: set[str]) -> Optional[str]:
+    """A reduction of what the batch gave that ranks or picks across its samples (``torch.topk(predictions,
+    k)``, ``torch.take(item, indices)``): gathered, the batches of all processes would be ranked, or
+    indexed, as one."""
+    for statement in statements:
+        for call in findall(statement, m.Call(func=m.Attribute())):
+            name = call.func.attr.value  # type: ignore[attr-defined]
+            receiver = call.func.value  # type: ignore[attr-defined]
+            function = m.matches(receiver, m.Name("torch"))
+            reads = _reads(call) & derived
+            if not reads:
+                continue
+            if (name in _NEEDS_DIM and _without_dim(call, function)) or (function and name in ("take", "argsort")):
+                return (f"they rank or pick across the samples of a batch (`{cst.Module(body=[]).code_for_node(call)}`)"
+                        ": gathered, the batches of all the processes would be ranked as one")
+    return None
 
 
 def _early_exit(loop: cst.For) -> Optional[str]:
@@ -218,6 +248,9 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
                 return (f"they slice the first dimension of `{sub.value.value}` (`{code}`): gathered, it holds "  # type: ignore[attr-defined]
                         "every process's rows one after the other (or it is not the sample dimension at all, "
                         "as in time-major sequences), so the slice would take other values")
+    across = _across_samples([s for _, s in rows[call_at:]], derived)
+    if across is not None:
+        return across
     mean = _batch_means_over_samples(visitor, loop, later, set(gathered))
     if mean is not None:
         return mean

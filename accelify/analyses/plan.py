@@ -216,6 +216,7 @@ def analyze(wrapper: MetadataWrapper, sources: Optional[Sources] = None, elsewhe
     if index is None or index.order[0] is not wrapper.module:
         with facts.resolve(wrapper):  # the metadata is only available while resolved
             wrapper.module.visit(facts)
+            facts.is_script = facts.is_script or bool(elsewhere)
             return _decide(facts)
     # The analysis only looks on the way down: run it over the indexed pre-order, no traversal.
     facts.metadata = {dep: wrapper.resolve(dep) for dep in facts.get_inherited_dependencies()}
@@ -227,6 +228,9 @@ def analyze(wrapper: MetadataWrapper, sources: Optional[Sources] = None, elsewhe
         if method is not None:
             method(node)  # type: ignore[operator]
     facts.leave_Module(wrapper.module)
+    # a script converted with modules beside it is one (accelify.core.unit: a main guard, or it runs their
+    # functions at its top): its functions' signatures are the program's to change
+    facts.is_script = facts.is_script or bool(elsewhere)
     return _decide(facts)
 
 
