@@ -124,3 +124,21 @@ def test_a_seeded_iterator_made_before_prepare_converts_with_the_note():
     source = WRAPPED.format(seed="torch.manual_seed(0)", made="looper = infiniteloop(loader)")
     result = convert_source(source, "train.py")
     assert result.changed and [f.code for f in result.findings] == ["ACC124"]
+
+
+def test_an_iterator_made_before_prepare_and_drawn_with_dunder_next_is_refused():
+    """ODE-Net: `data_gen = inf_generator(train_loader)` before the optimizer, `data_gen.__next__()` in the loop."""
+    source = WRAPPED.format(seed="", made="looper = infiniteloop(loader)").replace("next(looper)", "looper.__next__()")
+    result = convert_source(source, "train.py")
+    assert result.output == source
+    [finding] = result.findings
+    assert finding.code == "ACC123" and "`looper.__next__()` from `looper`" in finding.message
+
+
+def test_a_draw_from_a_generator_of_its_own_is_the_same_on_every_process():
+    """`torch.randint(..., generator=g)` (a dataset's own generator) is no unseeded draw: not ACC134."""
+    source = SCRIPT.format(seed="", shuffle="noise = torch.randint(0, 9, (4,), generator=g)").replace(
+        "data = load_pairs()\n", "g = torch.Generator()\ndata = load_pairs()\n")
+    result = convert_source(source, "train.py")
+    assert not any(f.code == "ACC134" for f in result.findings), result.findings
+    assert result.changed

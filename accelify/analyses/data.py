@@ -53,8 +53,8 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
         call, module = placer
         facts.finding(
             plan, call, "ACC135",
-            f"the script places its tensors through `{code_of(call.func)}`, a function of {module} that accelify "
-            "does not read: it cannot tell what that moves where (`prepare` places the model and the batches "
+            f"the script places its tensors through `{code_of(call.func)}`, a function of {module} whose placements "
+            "accelify does not follow: it cannot tell what that moves where (`prepare` places the model and the batches "
             "itself). File not converted.",
             f"place with `.to(device)` in this file, or convert `{code_of(call.func)}` by hand to use "
             "`accelerator.device`.",
@@ -519,7 +519,9 @@ def _unseeded_draw(facts: Facts) -> Optional[cst.Call]:
     when the file seeds no generator: every process would draw differently."""
     if _seeded(facts):
         return None
-    drawn = [c for c in facts.calls if has_qname(facts, c.func, _RANDOM_DRAWS)]
+    # (a draw from a generator of its own, `torch.randint(..., generator=g)`, is the same on every process)
+    drawn = [c for c in facts.calls if has_qname(facts, c.func, _RANDOM_DRAWS) and not any(
+        a.keyword is not None and a.keyword.value == "generator" for a in c.args)]
     # a shuffle says it best: the data's order drawn per process
     return next((c for c in drawn if has_qname(facts, c.func, _SHUFFLES)), drawn[0] if drawn else None)
 
@@ -529,11 +531,15 @@ def _next_draws(facts: Facts, plan: Plan, loop: cst.For) -> Iterator[tuple[cst.N
     iter(dataloader)`` per epoch, then ``data = next(data_iter)`` in a ``while`` inside): (the iterator,
     the call, whether the iterator is made in the loop). One made before it (``looper =
     infiniteloop(dataloader)`` in the setup code) holds the loader as it was before ``prepare``, unsharded."""
-    for call in findall(loop.body, m.Call(func=m.Name("next"))):
-        if call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}:
+    for call in findall(loop.body, m.Call(func=m.Name("next") | m.Attribute(attr=m.Name("__next__")))):
+        if isinstance(call.func, cst.Attribute) and not call.args:  # `data_gen.__next__()`
+            iterator = call.func.value
+        elif call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}:
             iterator = call.args[0].value
-            if isinstance(iterator, cst.Name) and _prepared_data(facts, plan, iterator, 0):
-                yield iterator, call, _made_in(facts, iterator, loop)
+        else:
+            continue
+        if isinstance(iterator, cst.Name) and _prepared_data(facts, plan, iterator, 0):
+            yield iterator, call, _made_in(facts, iterator, loop)
 
 
 def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:
