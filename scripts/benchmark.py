@@ -21,6 +21,8 @@ Cases (targets are printed, not asserted):
    accelerate package (the issue's case), vs a sequential bare
    ``libcst.parse_module(text).code`` of the same files: throughput.
                                                                   ratio >= 1.0
+   4c. The same directory plus the project fixtures' ``before/`` folders (scripts
+   converted with the modules beside them): throughput, reported (no target).
    4b. The same directory plus the fixtures' ``before.py`` (81 training
    scripts, each fully analysed): throughput, reported (no target).
 5. ``-j <all cores>`` vs ``-j 1`` on each directory: speed-up.   >= 1.7 (2 cores)
@@ -318,7 +320,7 @@ def line_count(text: str) -> int:
     return len(text.splitlines())
 
 
-def build_corpus(dest: Path, training: bool) -> tuple[list[Path], int, Path]:
+def build_corpus(dest: Path, training: bool, projects: bool = False) -> tuple[list[Path], int, Path]:
     """Copy accelerate's ``*.py`` (and with ``training`` the fixtures' ``before.py``) under ``dest``;
     files and lines."""
     # find_spec, not import: importing accelerate (and torch) here would swell this process, and
@@ -338,6 +340,9 @@ def build_corpus(dest: Path, training: bool) -> tuple[list[Path], int, Path]:
         scripts.mkdir(parents=True)
         for before in sorted(ROOT.glob("fixtures/*/before.py")):
             shutil.copyfile(before, scripts / f"{before.parent.name}.py")
+    if projects:
+        for before in sorted(ROOT.glob("fixtures/projects/*/before")):
+            shutil.copytree(before, dest / "projects" / before.parent.name)
     files = sorted(dest.rglob("*.py"))
     lines = sum(line_count(p.read_bytes().decode("utf-8", "replace")) for p in files)
     return files, lines, package
@@ -554,10 +559,10 @@ def main() -> None:
         # 4 + 5. directories: accelerate's package (the issue's case), then with training scripts
         j1 = [jflag, "1"] if jflag else []
         dirs = {}
-        for key, training in (("4", False), ("4b", True)):
+        for key, training in (("4", False), ("4b", True), ("4c", False)):
             progress(f"case {key}: building the directory corpus")
             corpus = work / f"corpus_{key}"
-            files, total_lines, package = build_corpus(corpus, training)
+            files, total_lines, package = build_corpus(corpus, training, projects=key == "4c")
             listing = work / f"files_{key}.txt"
             listing.write_text("\n".join(str(p) for p in files) + "\n")
             halves = [work / f"files_{key}_{half}.txt" for half in (0, 1)]
@@ -579,13 +584,14 @@ def main() -> None:
             measure([acc, ref] + ([jobs, ceiling] if jobs and ceiling else []), repeat)
             dirs[key] = (acc, ref, jobs, ceiling)
             acc_lps, ref_lps = total_lines / acc.median, total_lines / ref.median
-            what = ("accelerate's package" if not training
+            what = ("accelerate's package" if key == "4" else
+                    f"the same + {len(list(ROOT.glob('fixtures/projects/*/before')))} projects" if key == "4c"
                     else f"the same + {len(list(ROOT.glob('fixtures/*/before.py')))} training scripts")
             rows.append(Row(
                 f"{key}. `convert --check{' -j 1' if jflag else ''}`, {what}: {len(files)} files / {total_lines:,} lines",
                 f"{acc_lps:,.0f} lines/s, {len(files) / acc.median:.1f} files/s" + ("" if acc.ok else " (errors)"),
                 f"{ref_lps:,.0f} lines/s, {len(files) / ref.median:.1f} files/s (parse + code)",
-                f"{acc_lps / ref_lps:.2f}", verdict(acc_lps / ref_lps, ">= 1.0") if not training else "(reported)"))
+                f"{acc_lps / ref_lps:.2f}", verdict(acc_lps / ref_lps, ">= 1.0") if key == "4" else "(reported)"))
             details.append(f"directory {key}: {corpus}: {len(files)} files, {total_lines} lines "
                            f"(accelerate {importlib.metadata.version('accelerate')} from {package}"
                            + (", plus the fixtures' before.py)" if training else ")") + "\n"

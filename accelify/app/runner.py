@@ -77,9 +77,11 @@ def convert_path(path: str, options: Options) -> Outcome:
 def companion_inputs(paths: Sequence[str]) -> set[str]:
     """The real paths of the modules some of ``paths`` would be converted with (the modules they
     train in, :mod:`accelify.core.unit`): a text test first, then CPython's parser, no LibCST."""
+    from accelify.core.project import ProjectSources
     from accelify.core.unit import companion_files
 
     found: set[str] = set()
+    folders: dict[str, ProjectSources] = {}  # one per folder: its modules are read once
     for path in paths:
         if path == "-" or not path.endswith(".py"):
             continue
@@ -87,7 +89,9 @@ def companion_inputs(paths: Sequence[str]) -> set[str]:
             text = read_source(path).text
         except SourceError:
             continue
-        found.update(os.path.realpath(p) for p in companion_files(text, path))
+        folder = os.path.dirname(os.path.abspath(path))
+        sources = folders.setdefault(folder, ProjectSources(path))
+        found.update(os.path.realpath(p) for p in companion_files(text, path, sources))
     return found
 
 

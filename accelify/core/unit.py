@@ -179,9 +179,9 @@ _MARKS = (".backward(", ".cuda(", ".to(", "no_grad", ".eval()")
 _FROM_LOCAL = re.compile(r"^(?:from[ \t]+(\.?)([\w.]+)[ \t]+import\b|import[ \t]+()([\w., \t]+)$)", re.MULTILINE)
 
 
-def companion_files(source: str, path: str) -> list[str]:
+def companion_files(source: str, path: str, sources: Optional[ProjectSources] = None) -> list[str]:
     """The files of the modules ``source`` would be converted with (none for most files: a text test)."""
-    unit = unit_of(source, path)
+    unit = unit_of(source, path, sources)
     if unit is None:
         return []
     root = os.path.dirname(os.path.abspath(path))
@@ -207,6 +207,8 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
     when it could not mean what the files mean."""
     if "import" not in source:
         return None
+    if "__main__" not in source and os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(path)), "__init__.py")):
+        return None  # a module of a package, without a main guard: a library others import, no script
     sources = sources or ProjectSources(path)
     if sources.root is None or not _trains_beside(source, sources):
         return None
