@@ -203,3 +203,19 @@ def test_a_model_that_trains_itself_is_no_trainer_to_join(tmp_path: Path) -> Non
     assert unit_of(main, str(tmp_path / "main.py")) is None
     result = convert_source(main, str(tmp_path / "main.py"))
     assert not result.changed and not result.companions
+
+
+def test_a_definition_another_file_uses_too_is_not_changed_for_one_script(tmp_path: Path) -> None:
+    """finetune.py calls `train(model, device, ...)` of train.py as well: converted with main.py, `train`
+    would take an accelerator and stop placing batches, and finetune.py's call would break. Nothing
+    changes; ACC141 names `train` and finetune.py."""
+    folder = copy_of(tmp_path, "functions")
+    (folder / "finetune.py").write_text("from train import train\n\n\ndef again(model, device, loader, opt):\n"
+                                        "    train(model, device, loader, opt, 0)\n")
+    main = folder / "main.py"
+    result = convert_source(main.read_text(), str(main))
+    assert not result.changed and not result.companions
+    [finding] = [f for f in result.findings if f.code == "ACC141"]
+    assert finding.line == 8 and "`evaluate`, `train` of" in finding.message and "`finetune.py`" in finding.message
+    (folder / "finetune.py").write_text("import os\n\nprint(os.getcwd())\n")  # no use: converts
+    assert convert_source(main.read_text(), str(main)).changed

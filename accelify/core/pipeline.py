@@ -8,6 +8,7 @@ nothing raises on user input: a file that cannot be parsed comes back with
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from typing import Optional
@@ -119,6 +120,10 @@ def _convert_unit(unit: Unit, options: Options) -> Optional[Result]:
         if split is None:
             return None
         entry, outputs = split
+        shared = _used_elsewhere(unit)
+        if shared is not None:
+            return Result(unit.path, unit.source, unit.source, findings=sorted(
+                [f for f, where in findings if where == unit.path and f.code != "ACC124"] + [shared]))
         moved = _move_imports(unit.source, entry, texts, outputs, unit.path)
         if moved is None:
             return None
@@ -131,6 +136,31 @@ def _convert_unit(unit: Unit, options: Options) -> Optional[Result]:
                   for path, text in texts.items() if path in outputs or mine(findings, path)]
     return Result(unit.path, unit.source, entry, changes=mine(changes, unit.path), findings=mine(findings, unit.path),
                   companions=companions)
+
+
+def _used_elsewhere(unit: Unit) -> Optional[Finding]:
+    """ACC141 when a definition the conversion changes in a module is used by another file of the project
+    too (``finetune.py`` calling ``train(model, device, ...)`` of train.py): changed for this script, it
+    would no longer fit that file's call (a new ``accelerator`` parameter, batches no longer placed)."""
+    sources = ProjectSources(unit.path)
+    exclude = {os.path.realpath(unit.path)} | {os.path.realpath(c.path) for c in unit.companions}
+    for companion in unit.companions:
+        if not companion.changed:
+            continue
+        users = sources.users_of(companion.dotted, companion.changed, exclude)
+        if users:
+            names = ", ".join(f"`{n}`" for n in sorted(companion.changed))
+            return Finding(
+                unit.path, companion.line, 1, "ACC141",
+                f"{names} of `{companion.path}` would change with this script's conversion, and "
+                f"{', '.join(f'`{u}`' for u in users[:3])}{' and others' if len(users) > 3 else ''} use"
+                f"{'s' if len(users) == 1 else ''} {'it' if len(companion.changed) == 1 else 'them'} too: changed, "
+                "they would no longer fit those calls (a new `accelerator` parameter, batches no longer placed). "
+                "Nothing changed.",
+                "convert those scripts together (`accelify convert` on the folder converts each with the module, "
+                "and leaves it whole if they differ), or give this script a training function of its own.",
+            )
+    return None
 
 
 def _move_imports(source: str, entry: str, texts: dict[str, str], outputs: dict[str, str],

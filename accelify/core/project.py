@@ -17,6 +17,10 @@ from accelify.queries.records import Finding
 
 #: larger modules are not read (generated code, vendored libraries)
 MAX_BYTES = 1_000_000
+#: files looked at for other users of a module converted with a script
+MAX_FILES = 5_000
+#: folders that hold no code of the project
+_NOT_PROJECT = frozenset({"__pycache__", "node_modules", "site-packages", "venv", "build", "dist", "_build"})
 
 
 class ProjectSources:
@@ -45,6 +49,41 @@ class ProjectSources:
             if self._read(candidate) is not None:
                 return candidate
         return None
+
+    def users_of(self, dotted: str, names: set[str], exclude: set[str]) -> list[str]:
+        """The files of the script's folder (its subfolders too; not ``exclude``, real paths) that use one of
+        ``names`` of the local module ``dotted``: ``from dotted import name``, or ``import dotted`` and
+        ``dotted.name`` (a text search: what could be such a use counts). Paths relative to the folder."""
+        if self.root is None:
+            return []
+        last = dotted.rsplit(".", 1)[-1]
+        imports = re.compile(rf"^\s*from\s+\.?{re.escape(dotted)}\s+import\s+([^\n]*(?:\n[^\n]*?\))?)", re.MULTILINE)
+        whole = re.compile(rf"^\s*import\s+[^\n]*\b{re.escape(dotted)}\b", re.MULTILINE)
+        found = []
+        seen = 0
+        for folder, dirs, files in os.walk(self.root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_PROJECT)
+            for name in sorted(files):
+                if not name.endswith((".py", ".ipynb")):
+                    continue
+                seen += 1
+                path = os.path.join(folder, name)
+                if seen > MAX_FILES or os.path.realpath(path) in exclude:
+                    continue
+                try:
+                    if os.path.getsize(path) > MAX_BYTES:
+                        continue
+                    with open(path, encoding="utf-8", errors="replace") as handle:
+                        text = handle.read()
+                except OSError:
+                    continue
+                if last not in text:
+                    continue
+                uses = any(n in match.group(1) or "*" in match.group(1) for match in imports.finditer(text) for n in names) \
+                    or (whole.search(text) is not None and any(f"{last}.{n}" in text for n in names))
+                if uses:
+                    found.append(os.path.relpath(path, self.root))
+        return found
 
     def _read(self, path: str) -> Optional[str]:
         if path not in self._texts:

@@ -59,6 +59,9 @@ class Companion:
     text: str
     newline: str
     pieces: list[Piece] = field(default_factory=list)
+    dotted: str = ""  # as the script imports it: `train`, `engine.loops`
+    line: int = 0  # the script's import of it
+    changed: set[str] = field(default_factory=set)  # the definitions the conversion changed (after split)
 
 
 @dataclass
@@ -136,6 +139,7 @@ class Unit:
                 if piece.rewritten or not _same_definitions(piece.text, body):
                     return None
                 body = _ends_as(body, piece.text)
+                companion.changed |= _defined_names(piece.original)
                 if piece.renamed is not None:
                     module_name, program_name = piece.renamed
                     if body.count(program_name) != 1:
@@ -249,6 +253,7 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
                     tokens[token] = f"{local}.{name}"
                 replacements += [(u.lineno, u.col_offset, u.end_col_offset or 0, f"{word}_{local}_{u.attr}")
                                  for u in uses if f"{word}_{local}_{u.attr}" in used_tokens]
+                companion.dotted, companion.line = alias.name, statement.lineno
                 companions.append(companion)
                 last_import = max(last_import, statement.end_lineno or statement.lineno)
             continue
@@ -289,6 +294,7 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
                 return None  # both files bind it, to different things
             taken[name] = key
         masked_statements.append(statement)
+        companion.dotted, companion.line = statement.module, statement.lineno
         companions.append(companion)
     if not companions or any(tag.rstrip("-") in c.text or word in c.text for c in companions):
         return None
@@ -635,6 +641,14 @@ def _bindings(statements: list[ast.stmt], package: Optional[str]) -> dict[str, t
     for statement in statements:
         visit(statement)
     return found
+
+
+def _defined_names(text: str) -> set[str]:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return set()
+    return {s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 
 
 def _same_definitions(old: str, new: str) -> bool:

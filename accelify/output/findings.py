@@ -120,9 +120,11 @@ FINDINGS: dict[str, str] = {
     "unknown cell magic), or a line magic that runs training code (`%time train()`): if the cell mentions training "
     "the whole notebook is left unchanged, otherwise the cell is left as it is and the rest converted. A cell of "
     "another language (`%%bash`, `%%writefile`) that mentions training is left as it is and reported.",
-    "ACC141": "A module beside the scripts that two scripts of one run would convert differently (each converted "
-    "with the module it trains in): the module and those scripts are left unchanged. Convert each script on its "
-    "own, or give the module one training function per script.",
+    "ACC141": "A module beside the script whose definitions the script's conversion would change (it trains in "
+    "them), and that another file of the project uses too (`finetune.py` calling the same `train(model, device, "
+    "...)`): changed, they would no longer fit that file's calls, so nothing changes; or a module two scripts of "
+    "one run would convert differently: the module and those scripts are left unchanged. Give each script a "
+    "training function of its own.",
 }
 
 
