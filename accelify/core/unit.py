@@ -1,23 +1,30 @@
-"""A script and the module beside it that trains, converted as one program.
+"""A script and the modules beside it that it trains in, converted as one program (docs/projects.md).
 
 ``python run.py`` may train in a function or class of a sibling module: ``from train import train``
 ... ``train(loader, model, optimizer)``, the loop and its ``loss.backward()`` in ``train.py``. Neither
-file converts alone (one builds the objects, the other trains them). Here the two become one program:
+file converts alone (one builds the objects, the other trains them). Here they become one program:
 
-1. **Program**: the script's text, with the ``from train import ...`` statement masked (a comment per
-   line: the names then mean the functions below, not an import); then, each after a marker line, the
-   statements of the module the script reaches: its imports (a relative one written absolute), and the
-   top-level functions, classes and assignments the imported names use, transitively, in their order.
-   Everything else in the module (other functions, its ``__main__`` block) stays out and unchanged.
-2. The program is converted as a script (by the caller: :mod:`accelify.core.pipeline`).
-3. **Split**: the output is cut at the markers; the masked lines come back byte for byte; each changed
-   piece goes back into its module at its lines, with that module's newlines. An import the
-   conversion added that a module's new code reads goes into that module too.
+1. **Which modules**: a module of the script's folder (or a package in it) joins when the script
+   imports from it at the top and what it imports runs a backward (itself or through the module's
+   definitions it uses), or is a function the script hands its model or a DataLoader that places
+   tensors or evaluates. A ``torch.nn.Module`` that runs its own backward is a model, not a trainer.
+2. **Program**: the script's text, its ``from train import ...`` replaced by an import of nothing (the
+   names then mean the definitions below, not an import; the lines after a first, comments); right
+   after the last such import, fenced by two plain statements (the import block ends there, and new
+   imports stay in the script), each after a marker line, the module's pieces: its imports (a relative
+   one written absolute) and the top-level definitions the imported names reach, in their order. A
+   definition imported under another name (``train_vanilla as train``) carries that name; for
+   ``import train`` ... ``train.train(...)``, each ``train.x`` of the script and the definition it
+   means are one token of their own. Everything else in the module stays out and unchanged.
+3. The program is converted as a script (by the caller, :mod:`accelify.core.pipeline`), its modules'
+   definitions named ``elsewhere``: the script's module-level Accelerator is not theirs to read.
+4. **Split**: the output is cut at the markers; the masked lines and the tokens come back byte for
+   byte; each changed piece goes back into its module at its lines, with that module's newlines.
 
-The program is built only when it can mean what the two files mean: the names imported as they are
-defined (no ``as`` renaming), no name bound by both files to different things, the module's reached
-statements plain definitions. Otherwise :func:`unit_of` gives None and the script is converted alone, as
-before. Text and CPython's ``ast`` only: no LibCST, no file written.
+The program is built only when it can mean what the files mean: no name bound by two of them to
+different things, the module's reached statements plain definitions, a renamed definition not read by
+its own name. Otherwise :func:`unit_of` gives None and the script is converted alone, as before.
+Text and CPython's ``ast`` only: no LibCST, no file written.
 """
 
 from __future__ import annotations
