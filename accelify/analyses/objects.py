@@ -22,7 +22,7 @@ import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
 from accelify.analyses.foreign import called_function
-from accelify.analyses.facts import Facts, bind_arguments
+from accelify.analyses.facts import Facts, bind_arguments, param_names
 from accelify.queries.blocks import under
 from accelify.queries.loops import built_loader
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
@@ -133,6 +133,15 @@ def setup_assigns(facts: Facts, plan: Plan) -> dict[Ref, list[cst.Assign]]:
     return {ref: assigns for ref, assigns in facts.assigns.items() if ref[0] in scopes}
 
 
+def _handed_in(facts: Facts, plan: Plan, name: str) -> bool:
+    """Is the model ``name`` a parameter of the module-level function that builds the optimizer (``def
+    train(model, loader, device): optimizer = Adam(model.parameters())``), not built there?"""
+    function = facts.functions.get(plan.setup)
+    if function is None or plan.class_mode or name not in param_names(function):
+        return False
+    return not any(facts.assign_key.get(id(a)) == plan.setup for a in facts.assigns.get((plan.setup, name), []))
+
+
 def training_objects(
     facts: Facts, plan: Plan, optimizers: Optimizers, in_owner: dict[Ref, list[cst.Assign]]
 ) -> bool:
@@ -161,6 +170,18 @@ def training_objects(
                 return False
             if ref[1] not in plan.models:
                 plan.models.append(ref[1])
+            if not plan.evaluation and _handed_in(facts, plan, ref[1]):
+                facts.finding(
+                    plan, assign, "ACC104",
+                    f"the optimizer is built in `{plan.setup}` for `{ref[1]}`, a parameter: the model (and the data "
+                    f"it trains on) are built where `{plan.setup}` is called and handed in. accelify prepares the "
+                    "objects where the optimizer is built, and does not prepare objects handed in yet. File not "
+                    "converted.",
+                    f"build the optimizer where the model is built and hand it to `{plan.setup}` too, or prepare by "
+                    f"hand in `{plan.setup}`: `{ref[1]}, optimizer, loader = accelerator.prepare({ref[1]}, optimizer, "
+                    "loader)`.",
+                )
+                return False
     for ref in optimizers if not plan.evaluation else ():
         for assign in in_owner.get(ref, []):
             value = assign.value

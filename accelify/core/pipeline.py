@@ -108,7 +108,10 @@ def _convert_unit(unit: Unit, options: Options) -> Optional[Result]:
 
     def place(item):
         path, line = unit.locate(item.line)
-        return replace(item, path=path, line=line) if hasattr(item, "path") else replace(item, line=line), path
+        words = {"message": unit.readable(item.message)}
+        if hasattr(item, "suggestion"):
+            words["suggestion"] = unit.readable(item.suggestion)
+        return replace(item, line=line, **words, **({"path": path} if hasattr(item, "path") else {})), path
 
     findings = [place(f) for f in result.findings]
     changes = [place(c) for c in result.changes]

@@ -100,6 +100,13 @@ class Unit:
                                                                            ast.ClassDef)))
         return frozenset(names)
 
+    def readable(self, text: str) -> str:
+        """A finding's text with each token as the name the user wrote (``train`` for the definition the
+        script calls as ``train.train``)."""
+        for token, original in self.tokens.items():
+            text = text.replace(token, original.rsplit(".", 1)[-1])
+        return text
+
     def locate(self, line: int) -> tuple[str, int]:
         """A line of the program as (path, line in that file); a marker line maps to its piece's first."""
         if line <= self.head_lines:
