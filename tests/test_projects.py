@@ -219,3 +219,15 @@ def test_a_definition_another_file_uses_too_is_not_changed_for_one_script(tmp_pa
     assert finding.line == 8 and "`evaluate`, `train` of" in finding.message and "`finetune.py`" in finding.message
     (folder / "finetune.py").write_text("import os\n\nprint(os.getcwd())\n")  # no use: converts
     assert convert_source(main.read_text(), str(main)).changed
+
+
+def test_a_module_that_reads_a_name_only_the_script_binds_stays_apart(tmp_path: Path) -> None:
+    """train.py reads `args`, which it never binds (main.py sets `train.args = args`, or it is a bug): in one
+    program `args` would mean the script's; no unit."""
+    folder = copy_of(tmp_path, "functions")
+    train = folder / "train.py"
+    train.write_text(train.read_text().replace("        if batch % 4 == 0:", "        if batch % args.log == 0:"))
+    main = folder / "main.py"
+    text = main.read_text().replace("    args = parser.parse_args()", "    global args\n    args = parser.parse_args()")
+    main.write_text(text)
+    assert unit_of(text, str(main)) is None

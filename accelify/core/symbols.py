@@ -33,11 +33,7 @@ def _walk(table: symtable.SymbolTable) -> Iterator[symtable.SymbolTable]:
         yield from _walk(child)
 
 
-def undefined_names(source: str) -> set[str]:
-    """Names read that no scope binds, the module's included, and that are no builtins."""
-    top = _tables(source)
-    if top is None:
-        return set()
+def _module_bound(top: symtable.SymbolTable) -> set[str]:
     bound: set[str] = set()
     for table in _walk(top):
         for symbol in table.get_symbols():
@@ -45,6 +41,21 @@ def undefined_names(source: str) -> set[str]:
                 bound.add(symbol.get_name())
             elif symbol.is_declared_global() and symbol.is_assigned():
                 bound.add(symbol.get_name())  # `global x; x = ...` in a function
+    return bound
+
+
+def module_names(source: str) -> set[str]:
+    """The names the module binds at its top, or from a function with ``global`` (empty if it does not compile)."""
+    top = _tables(source)
+    return _module_bound(top) if top is not None else set()
+
+
+def undefined_names(source: str) -> set[str]:
+    """Names read that no scope binds, the module's included, and that are no builtins."""
+    top = _tables(source)
+    if top is None:
+        return set()
+    bound = _module_bound(top)
     if _STAR.search(source):
         return set()  # `from m import *`: anything may be bound
     missing: set[str] = set()

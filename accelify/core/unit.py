@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from accelify.core.project import ProjectSources
-from accelify.core.symbols import undefined_names
+from accelify.core.symbols import module_names, undefined_names
 
 
 @dataclass
@@ -67,6 +67,7 @@ class Companion:
     newline: str
     pieces: list[Piece] = field(default_factory=list)
     dotted: str = ""  # as the script imports it: `train`, `engine.loops`
+    unbound: set[str] = field(default_factory=set)  # names the module reads and binds nowhere
     line: int = 0  # the script's import of it
     changed: set[str] = field(default_factory=set)  # the definitions the conversion changed (after split)
 
@@ -312,6 +313,8 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
         companions.append(companion)
     if not companions or any(tag.rstrip("-") in c.text or word in c.text for c in companions):
         return None
+    if any(c.unbound & (entry_bound.keys() | module_names(source)) for c in companions):
+        return None  # the module reads a name only the script binds: one program would join what is apart
     if "__main__" not in source and not _runs_at_top(tree, {n for s in masked_statements for n in
                                                              (a.asname or a.name for a in s.names)}
                                                         | {t.split(".")[0] for t in tokens.values()}):
@@ -370,6 +373,9 @@ def _companion(text: str, tree: ast.Module, names: list[str], path: str, package
     lines = text.splitlines(keepends=True)
     newline = _newline_of(text)
     companion = Companion(path, text, newline)
+    # names the module reads and never binds (set from outside: `train.args = args`, or a bug): in the
+    # program they would mean the script's
+    companion.unbound = undefined_names(text)
     for statement in tree.body:
         keep = isinstance(statement, (ast.Import, ast.ImportFrom)) and getattr(statement, "module", None) != "__future__"
         keep = keep or any(statement is defined[n] for n in reached)
