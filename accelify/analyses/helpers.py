@@ -123,9 +123,12 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
     # `input.cuda()` in a helper handed the prepared model (RepDistiller's `validate`, its loader not a
     # DataLoader): left as it is, every process would move its batches to the first GPU while its model is
     # on its own; it takes the accelerator and places on `accelerator.device`
+    # So does a helper that places what it is handed (`def cuda(tensor, use_cuda): return tensor.cuda() ...`,
+    # BetaVAE's): the batches it moves meet the prepared model on each process's device.
     handed = {key for key, _ in plan.flow["model"]}
     placing = [c for c in facts.calls if isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda"
-               and key_at(facts, c) in handed and key_at(facts, c) != plan.setup]
+               and key_at(facts, c) != plan.setup and (key_at(facts, c) in handed or _places_what_it_is_handed(
+                   facts, key_at(facts, c)))]
     for call in [*facts.backwards, *gathering, *saving, *unwrapping, *placing]:
         key = key_at(facts, call)
         if key is None or plan.accelerator_in(key) is not None:
@@ -157,6 +160,16 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
                 ):
                     plan.needs_accelerator.add(caller)
                     changed = True
+
+
+def _places_what_it_is_handed(facts: Facts, key: Optional[str]) -> bool:
+    """A module-level function whose ``.cuda()`` moves one of its parameters (``tensor.cuda()``)."""
+    func = facts.functions.get(key) if key is not None else None
+    if func is None:
+        return False
+    params = set(param_names(func))
+    return any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda" and isinstance(c.func.value, cst.Name)
+               and c.func.value.value in params for c in findall(func.body, m.Call()))
 
 
 def _saves_model(facts: Facts, plan: Plan, saved: cst.BaseExpression) -> bool:

@@ -1,0 +1,47 @@
+"""A helper of the script that places what it is handed (`def cuda(tensor, use_cuda): return tensor.cuda()
+if use_cuda else tensor`, BetaVAE's utils) takes the accelerator and places on `accelerator.device`:
+left as `.cuda()`, every process's batches would go to GPU 0 while its model is on its own GPU (a CPU
+run cannot show it; it was converted with ACC109, a report)."""
+
+from __future__ import annotations
+
+from accelify.core.pipeline import convert_source
+
+SCRIPT = """\
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def cuda(tensor, uses_cuda):
+    return tensor.cuda() if uses_cuda else tensor
+
+
+def main():
+    use_cuda = torch.cuda.is_available()
+    model = cuda(torch.nn.Linear(4, 2), use_cuda)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=4, shuffle=True)
+    for epoch in range(2):
+        for xb, yb in loader:
+            xb, yb = cuda(xb, use_cuda), cuda(yb, use_cuda)
+            loss = F.cross_entropy(model(xb), yb)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_placement_helper_places_on_the_accelerators_device() -> None:
+    result = convert_source(SCRIPT, "train.py")
+    assert result.changed and not [f for f in result.findings if f.code == "ACC109"], result.findings
+    assert "def cuda(accelerator, tensor, uses_cuda):\n    return tensor.to(accelerator.device) if uses_cuda else tensor" \
+        in result.output
+    assert "xb, yb = cuda(accelerator, xb, use_cuda), cuda(accelerator, yb, use_cuda)" in result.output
+    assert ".cuda()" not in result.output
+    assert convert_source(result.output, "train.py").output == result.output
