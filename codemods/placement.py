@@ -503,8 +503,12 @@ class RemovePlacement(AccelifyCodemod):
             return call  # a device variable or parameter: the device codemod decides
         accelerator = self.accelerator_at(original)
         if accelerator is None:
-            self.finding(
-                original, "ACC109", "placement left as it is: this function cannot reach the Accelerator.",
+            # left as it is, `.cuda()` puts every process's tensors on the first GPU while its prepared model is
+            # on its own: a device mismatch on every process but one (a CPU run cannot show it)
+            self.refuse(
+                original, "ACC109", "a placement in code that cannot reach the Accelerator: left as it is, every "
+                "process would put these tensors on the first GPU, while its model is on its own device. File not "
+                "converted.",
                 "pass the accelerator (or `accelerator.device`) to this function and place on `accelerator.device`.",
             )
             return call

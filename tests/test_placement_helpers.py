@@ -45,3 +45,16 @@ def test_a_placement_helper_places_on_the_accelerators_device() -> None:
     assert "xb, yb = cuda(accelerator, xb, use_cuda), cuda(accelerator, yb, use_cuda)" in result.output
     assert ".cuda()" not in result.output
     assert convert_source(result.output, "train.py").output == result.output
+
+
+def test_a_placement_helper_that_cannot_be_handed_the_accelerator_is_refused() -> None:
+    """`map(cuda, batch)`: the helper is passed around, not called, so it cannot take a new parameter; its
+    `.cuda()` left as it is would be wrong on every process but one: the file is left unchanged (ACC109)."""
+    source = SCRIPT.replace("def cuda(tensor, uses_cuda):\n    return tensor.cuda() if uses_cuda else tensor",
+                            "def cuda(tensor):\n    return tensor.cuda()").replace(
+        "    model = cuda(torch.nn.Linear(4, 2), use_cuda)", "    model = torch.nn.Linear(4, 2)").replace(
+        "xb, yb = cuda(xb, use_cuda), cuda(yb, use_cuda)", "xb, yb = map(cuda, (xb, yb))")
+    result = convert_source(source, "train.py")
+    assert result.output == source
+    assert [f.code for f in result.findings] == ["ACC109"]
+    assert "the first GPU" in result.findings[0].message
