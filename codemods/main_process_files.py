@@ -26,6 +26,8 @@ from accelify.queries.walk import findall
 from .base import AccelifyCodemod
 
 #: pandas' writers, methods of a DataFrame whose type accelify cannot know: by name, with a path
+#: what writes a log's rows into a file handle (`csv.writer(f).writerow(...)`)
+_CSV_WRITERS = frozenset({"csv.writer", "csv.DictWriter"})
 _TABLE_WRITERS = ("to_csv", "to_parquet", "to_json", "to_excel", "to_pickle", "to_feather")
 _MAKEDIRS = frozenset({"os.makedirs"})
 _MKDIR = frozenset({"os.makedirs", "os.mkdir"})
@@ -443,7 +445,7 @@ class MainProcessFiles(AccelifyCodemod):
                 return False  # gathers, waits: every process must run it
             names = {n.value for n in findall(inner, m.Name())}
             if isinstance(small, cst.Assign):  # `logwriter = csv.writer(logfile, ...)`
-                if not (qualified_names(self, inner.func) & {"csv.writer", "csv.DictWriter"}) or not names & writers \
+                if not (qualified_names(self, inner.func) & _CSV_WRITERS) or not names & writers \
                         or len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
                     return False
                 writers.add(small.targets[0].target.value)
@@ -454,7 +456,7 @@ class MainProcessFiles(AccelifyCodemod):
                              "write", "writelines", "writerow", "writerows", "writeheader", "flush"))
             to_handle = to_handle or (  # `csv.writer(f).writerow(...)`
                 isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call)
-                and bool(qualified_names(self, func.value.func) & {"csv.writer", "csv.DictWriter"})
+                and bool(qualified_names(self, func.value.func) & _CSV_WRITERS)
                 and any(m.matches(a.value, m.Name(handle.value)) for a in func.value.args)
                 and func.attr.value in ("writerow", "writerows", "writeheader"))
             printed = m.matches(func, m.Name("print")) and any(

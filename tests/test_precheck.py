@@ -265,7 +265,7 @@ def test_the_precheck_s_copies_of_the_evaluation_analysis_stay_equal():
 
 
 def _bypassed(monkeypatch: pytest.MonkeyPatch, source: str):
-    monkeypatch.setattr(pipeline, "without_analysis", lambda _source, _path, _options: None)
+    monkeypatch.setattr(pipeline, "without_analysis", lambda _source, _path: None)
     return pipeline.convert_source(source, "sample.py")
 
 

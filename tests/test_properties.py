@@ -707,7 +707,7 @@ def test_generic_python_is_left_alone(source: str, analysed: bool) -> None:
 
     assume(compiles(source))  # the grammar admits a few programs CPython rejects (`return` at top level)
     with mock.patch("accelify.core.pipeline.without_analysis",
-                    lambda text, path, options: None) if analysed else contextlib.nullcontext():
+                    lambda text, path: None) if analysed else contextlib.nullcontext():
         result = convert(source)
     assert_compiles(result.output)
     assert result.output == source and not result.changes

@@ -163,7 +163,7 @@ class Foreign:
 
 #: what a console function may call besides printing: builtins, string and list methods, the clock
 _COMPUTES = frozenset({"int", "float", "str", "len", "range", "min", "max", "abs", "round", "format", "divmod",
-                       "enumerate", "zip", "sum", "append", "join", "format", "split", "strip", "ljust", "rjust"})
+                       "enumerate", "zip", "sum", "append", "join", "split", "strip", "ljust", "rjust"})
 
 
 def _console_only(module: cst.Module, meta: _Metadata, func: cst.FunctionDef, seen: frozenset = frozenset()) -> bool:

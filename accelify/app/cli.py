@@ -355,8 +355,6 @@ class _Run:
 
 def _left_for_conflict(result: "Result", clash: "list[Result]", versions: "dict[str, dict[str, list[str]]]") -> "Result":
     """The script left as it is: a module it trains in is converted differently for another script."""
-    from dataclasses import replace as changed_to
-
     from accelify.queries.records import Finding
 
     findings = list(result.findings)
@@ -370,8 +368,8 @@ def _left_for_conflict(result: "Result", clash: "list[Result]", versions: "dict[
             "convert each script on its own (`accelify convert SCRIPT`), or give the module one training function "
             "per script.",
         ))
-    return changed_to(result, output=result.source, changes=[], findings=findings, companions=[
-        changed_to(c, output=c.source, changes=[]) for c in result.companions if c.findings])
+    return dataclass_replace(result, output=result.source, changes=[], findings=findings, companions=[
+        dataclass_replace(c, output=c.source, changes=[]) for c in result.companions if c.findings])
 
 
 def _progress_bar():

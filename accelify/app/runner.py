@@ -52,7 +52,7 @@ def convert_notebook(text: str, path: str, options: Options) -> Result:
 
 def convert_python(text: str, path: str, options: Options) -> Result:
     """The conversion of a Python file's text (or of a notebook's code cells as one program)."""
-    quick = precheck.without_analysis(text, path, options)
+    quick = precheck.without_analysis(text, path)
     if quick is not None:
         return quick
     from accelify.core.pipeline import convert_source

@@ -69,7 +69,7 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     options = options or Options()
     if options.target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {options.target!r}")
-    quick = without_analysis(source, path, options)
+    quick = without_analysis(source, path)
     if quick is not None:  # nothing to train: only the syntax is checked (CPython's parser, no LibCST tree)
         return quick
     try:
@@ -127,7 +127,7 @@ def _convert_unit(unit: Unit, options: Options) -> Optional[Result]:
         if shared is not None:
             return Result(unit.path, unit.source, unit.source, findings=sorted(
                 [f for f, where in findings if where == unit.path and f.code != "ACC124"] + [shared]))
-        moved = _move_imports(unit.source, entry, texts, outputs, unit.path)
+        moved = _move_imports(unit.source, entry, texts, outputs)
         if moved is None:
             return None
         entry, outputs = moved
@@ -166,8 +166,8 @@ def _used_elsewhere(unit: Unit) -> Optional[Finding]:
     return None
 
 
-def _move_imports(source: str, entry: str, texts: dict[str, str], outputs: dict[str, str],
-                  path: str) -> Optional[tuple[str, dict[str, str]]]:
+def _move_imports(source: str, entry: str, texts: dict[str, str],
+                  outputs: dict[str, str]) -> Optional[tuple[str, dict[str, str]]]:
     """An import the conversion added at the top of the program goes to the module whose new code reads
     it (``from accelerate import Accelerator`` for an Accelerator made in the module's class), and
     leaves the script if the script does not read it. None if a new name has no import to take."""

@@ -14,7 +14,7 @@ import warnings
 from typing import Optional
 
 from accelify.core.project import training_elsewhere
-from accelify.core.result import Options, Result, suppress
+from accelify.core.result import Result
 
 _SKIP = re.compile(r"#\s*accelify:\s*skip\b")
 
@@ -348,16 +348,15 @@ def needs_analysis(source: str) -> bool:
     return may_train(source) and not skipped(source)
 
 
-def without_analysis(source: str, path: str, options: Options) -> Optional[Result]:
+def without_analysis(source: str, path: str) -> Optional[Result]:
     """The result of a file that needs no analysis (its syntax error, or nothing to say); None when it
     needs one (it may train, or its training runs in a module beside it)."""
     if needs_analysis(source):
         return None
     error = syntax_error(source, path)
-    found = training_elsewhere(source, path) if error is None and not skipped(source) else []
-    if found:
+    if error is None and not skipped(source) and training_elsewhere(source, path):
         return None  # converted with the module it trains in (accelify.core.unit), or ACC135 says why not
-    return Result(path, source, source, error=error, findings=suppress(found, source, options.findings))
+    return Result(path, source, source, error=error)
 
 
 def syntax_error(source: str, path: str) -> "str | None":

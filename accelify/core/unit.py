@@ -256,13 +256,8 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
                 if found is None:
                     continue
                 companion, module_tree, package, uses, used_tokens = found
-                for name, key in _bindings([s for s in module_tree.body if _kept(s, companion)], package).items():
-                    if name in used_tokens.values():
-                        continue
-                    other = entry_bound.get(name) or taken.get(name)
-                    if other is not None and (other != key or key[0] != "import"):
-                        return None  # both files bind it, to different things
-                    taken[name] = key
+                if _clashes(module_tree, companion, package, set(used_tokens.values()), entry_bound, taken):
+                    return None
                 local = alias.asname or alias.name
                 for token, name in used_tokens.items():
                     tokens[token] = f"{local}.{name}"
@@ -301,13 +296,8 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
         renames = {a.name: a.asname for a in statement.names if a.asname not in (None, a.name)}
         if renames and not _rename(companion, module_tree, renames):
             return None
-        for name, key in _bindings([s for s in module_tree.body if _kept(s, companion)], package).items():
-            if name in names:
-                continue
-            other = entry_bound.get(name) or taken.get(name)
-            if other is not None and (other != key or key[0] != "import"):
-                return None  # both files bind it, to different things
-            taken[name] = key
+        if _clashes(module_tree, companion, package, set(names), entry_bound, taken):
+            return None
         masked_statements.append(statement)
         companion.dotted, companion.line = statement.module, statement.lineno
         companions.append(companion)
@@ -321,9 +311,7 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
         return None  # a module others import (no `if __name__ == "__main__":`, nothing run at its top)
     masked: dict[str, str] = {}
     program_lines = list(lines)
-    for line_number, start, end, token in sorted(replacements, reverse=True):
-        raw = program_lines[line_number - 1].encode("utf-8")
-        program_lines[line_number - 1] = (raw[:start] + token.encode() + raw[end:]).decode("utf-8")
+    _splice(program_lines, replacements)
     for statement in masked_statements:
         for index in range(statement.lineno - 1, statement.end_lineno or statement.lineno):
             original = program_lines[index]
@@ -462,6 +450,28 @@ def _runs_at_top(tree: ast.Module, names: set[str]) -> bool:
     return False
 
 
+def _clashes(module_tree: ast.Module, companion: Companion, package: str, imported: set[str],
+             entry_bound: dict[str, tuple], taken: dict[str, tuple]) -> bool:
+    """Does a name the module's pieces bind (other than the ``imported`` ones) mean something else in the
+    script or in a module already in the program? Imports of the same thing may be bound twice; ``taken``
+    records the module's names for the modules after it."""
+    for name, key in _bindings([s for s in module_tree.body if _kept(s, companion)], package).items():
+        if name in imported:
+            continue
+        other = entry_bound.get(name) or taken.get(name)
+        if other is not None and (other != key or key[0] != "import"):
+            return True
+        taken[name] = key
+    return False
+
+
+def _splice(lines: list[str], spots: list[tuple[int, int, int, str]]) -> None:
+    """Put each ``(line, start byte, end byte, text)`` in place, in ``lines`` (``ast`` columns count UTF-8 bytes)."""
+    for line, start, end, text in sorted(spots, reverse=True):
+        raw = lines[line - 1].encode("utf-8")
+        lines[line - 1] = (raw[:start] + text.encode() + raw[end:]).decode("utf-8")
+
+
 def _module_attributes(tree: ast.Module, statement: ast.Import, alias: ast.alias, sources: ProjectSources,
                        path: str, word: str, handed: set[str]):
     """``import train`` and ``train.train(...)``, ``train.evaluate(...)``: (the module's pieces, its tree, its
@@ -544,9 +554,7 @@ def _retoken(companion: Companion, tokens: dict[str, str]) -> bool:
                     return False
                 start = found.end() - len(statement.name.encode())
                 spots.append((statement.lineno, start, found.end(), tokens[statement.name]))
-        for line, start, end, token in sorted(spots, reverse=True):
-            raw = lines[line - 1].encode("utf-8")
-            lines[line - 1] = (raw[:start] + token.encode() + raw[end:]).decode("utf-8")
+        _splice(lines, spots)
         if spots:
             piece.tokens = {token: name for name, token in tokens.items() if token in "".join(lines)}
             piece.text = "".join(lines)
