@@ -423,7 +423,7 @@ class SideEffects:
 
     def __init__(self, record: Callable[[dict[str, Any]], None]) -> None:
         self.record = record
-        self.prints: Counter = Counter()  # (file, line) -> lines printed
+        self.prints: Counter = Counter()  # (file, line) -> outputs printed
         self.codes: dict[tuple, Optional[str]] = {}
         self.pid = os.getpid()
         self.depth = 0  # inside a recorded call (torch.save opening its file): not recorded again
@@ -451,7 +451,10 @@ class SideEffects:
         if found is None:
             return
         key = (found.f_code.co_filename, found.f_lineno)
-        count = text.count("\n") + text.count("\r")  # lines ended (print writes its parts one by one)
+        # outputs, not lines: print writes its parts one by one and ends with its `end` ("\n"): a
+        # `print("\nLoading data...")` once is one output; a progress line rewritten in place
+        # (`sys.stdout.write("\rBatch[3] ...")`) is one per call
+        count = 1 if text.endswith(("\n", "\r")) or text.startswith("\r") else 0
         if key not in self.codes:
             self.codes[key] = linecache.getline(key[0], key[1]).strip() or None
             self.record({"event": "effect", "kind": "print", "path": None, "file": key[0], "line": key[1],
