@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,10 @@ def test_output_file(project: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (project / "train_accel.py").read_text() == CONVERTED
     assert (project / "train.py").read_text() == TRAIN
+    # a new file gets the mode every new file gets (the umask's), not the temporary file's 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((project / "train_accel.py").stat().st_mode) == 0o666 & ~umask
 
 
 @pytest.mark.parametrize(
