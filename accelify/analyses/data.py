@@ -371,7 +371,7 @@ def training_data(facts: Facts, plan: Plan) -> bool:
             return False
         if not reported:
             reported = True
-            drawn = _unseeded_draw(facts)
+            drawn = _unseeded_draw(facts, loops)
             if drawn is not None:
                 data = code_of(peel_iterable(facts, loops[0].iter))
                 facts.finding(
@@ -514,16 +514,46 @@ def _seeded(facts: Facts) -> bool:
     return any(has_qname(facts, c.func, _SEEDS) for c in facts.calls)
 
 
-def _unseeded_draw(facts: Facts) -> Optional[cst.Call]:
-    """The first random draw of the file (``random.shuffle(data)``, ``torch.randint(len(data) - n, ...)``)
-    when the file seeds no generator: every process would draw differently."""
+def _unseeded_draw(facts: Facts, loops: list) -> Optional[cst.Call]:
+    """The first random draw that makes the training data (``random.shuffle(data)``, ``torch.randint(len(data)
+    - n, ...)``) when the file seeds no generator: every process would draw differently. A draw counts in
+    the training loops, before them in their scope, or in a function of the file they call (the batch
+    generator); not in a function they never reach (sampling text after training: ``np.random.choice``)."""
     if _seeded(facts):
         return None
+    relevant = _reached_functions(facts, loops) | _callers(facts, {(key_at(facts, lp) or "").split(".")[0] for lp in loops})
     # (a draw from a generator of its own, `torch.randint(..., generator=g)`, is the same on every process)
     drawn = [c for c in facts.calls if has_qname(facts, c.func, _RANDOM_DRAWS) and not any(
-        a.keyword is not None and a.keyword.value == "generator" for a in c.args)]
+        a.keyword is not None and a.keyword.value == "generator" for a in c.args)
+        and ((top := (key_at(facts, c) or "").split(".")[0]) not in facts.functions or top in relevant)]
     # a shuffle says it best: the data's order drawn per process
     return next((c for c in drawn if has_qname(facts, c.func, _SHUFFLES)), drawn[0] if drawn else None)
+
+
+def _reached_functions(facts: Facts, loops: list) -> set[str]:
+    """The module-level functions of the file the training loops call, and those they call in turn."""
+    todo = [c.func.value for loop in loops for c in findall(loop, m.Call(func=m.Name()))]  # type: ignore[attr-defined]
+    reached: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in facts.functions and name not in reached:
+            reached.add(name)
+            todo += [c.func.value for c in findall(facts.functions[name].body, m.Call(func=m.Name()))]  # type: ignore[attr-defined]
+    return reached
+
+
+def _callers(facts: Facts, functions: set[str]) -> set[str]:
+    """``functions`` and the module-level functions of the file that call one of them, in turn (``main``
+    calling ``train``): a draw there shapes the data it hands down."""
+    found = set(functions)
+    changed = True
+    while changed:
+        changed = False
+        for name, func in facts.functions.items():
+            if name not in found and any(c.func.value in found for c in findall(func.body, m.Call(func=m.Name()))):  # type: ignore[attr-defined]
+                found.add(name)
+                changed = True
+    return found
 
 
 def _next_draws(facts: Facts, plan: Plan, loop: cst.For) -> Iterator[tuple[cst.Name, cst.Call, bool]]:
