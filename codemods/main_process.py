@@ -19,6 +19,7 @@ from accelify.queries.trees import descendants, rebuild_with, replace_in
 from .base import AccelifyCodemod, accelerator_attr
 
 _PRINT = frozenset({"builtins.print", "print"})
+_WRITES = {"sys.stdout.write": None, "sys.stderr.write": "sys.stderr"}
 
 
 def _calls_by_name(node: cst.CSTNode) -> list[cst.Call]:
@@ -32,9 +33,13 @@ class MainProcessOutput(AccelifyCodemod):
 
     With N processes every ``print`` would appear N times and every progress bar
     would be drawn N times.  Only calls that run after the Accelerator exists are
-    rewritten: a ``print`` before it, in the function that creates it, stays.
+    rewritten: a ``print`` before it, in the function that creates it, stays.  A
+    ``sys.stdout.write(text)`` statement (a progress line rewritten in place) is a
+    ``print`` with no end of its own: ``accelerator.print(text, end="")``.
 
     Before::
+
+        import sys
 
         import torch
         from tqdm.auto import tqdm
@@ -42,8 +47,11 @@ class MainProcessOutput(AccelifyCodemod):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for epoch in tqdm(range(3)):
             print(f"epoch {epoch}")
+            sys.stdout.write(f"\\rloss {loss:.3f}")
 
     After::
+
+        import sys
 
         import torch
         from tqdm.auto import tqdm
@@ -51,16 +59,18 @@ class MainProcessOutput(AccelifyCodemod):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for epoch in tqdm(range(3), disable=not accelerator.is_local_main_process):
             accelerator.print(f"epoch {epoch}")
+            accelerator.print(f"\\rloss {loss:.3f}", end="")
     """
 
     CODE = "ACC008"
     NAME = "main-process-output"
-    DESCRIPTION = "print -> accelerator.print; tqdm(...) gets disable=not accelerator.is_local_main_process."
+    DESCRIPTION = ("print (and sys.stdout.write) -> accelerator.print; tqdm(...) gets disable=not "
+                   "accelerator.is_local_main_process.")
     REQUIRES = frozenset({"ACC001"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "print(" in code or "tqdm" in code or "trange" in code
+        return "print(" in code or "tqdm" in code or "trange" in code or ".write(" in code
 
     def visit_Module(self, node: cst.Module) -> None:
         # Statements of the setup block that run before the Accelerator is created.
@@ -168,6 +178,22 @@ class MainProcessOutput(AccelifyCodemod):
                 self.change(original_node, "`print` -> `accelerator.print`: once, on the main process")
                 return updated_node.with_changes(func=accelerator_attr(accelerator, "print"))
             return updated_node
+        written = next((_WRITES[n] for n in names if n in _WRITES), False)
+        if written is not False and self._console_write(original_node):
+            # `sys.stdout.write("\rBatch[3] ...")`, as a statement: `print` with no end of its own
+            if under_main_process_check(self, original_node):
+                return updated_node
+            accelerator = self._reachable(original_node)
+            if accelerator is None:
+                return updated_node
+            self.change(original_node, "`sys.stdout.write` -> `accelerator.print(..., end=\"\")`: once, on the main process")
+            extra = ', end=""' + (f", file={written}" if written else "")
+            made = cst.parse_expression(f'f(x{extra})').args[1:]  # type: ignore[attr-defined]
+            text = updated_node.args[0]
+            if text.comma != cst.MaybeSentinel.DEFAULT:  # `write(text,)`: the trailing comma stays last
+                made = [*made[:-1], made[-1].with_changes(comma=text.comma)]
+            return updated_node.with_changes(func=accelerator_attr(accelerator, "print"), args=[
+                text.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *made])
         if any(n.startswith("tqdm.") and n.rsplit(".", 1)[-1] in ("tqdm", "trange") for n in names):
             if any(a.keyword is not None and a.keyword.value == "disable" for a in original_node.args):
                 return updated_node
@@ -185,6 +211,17 @@ class MainProcessOutput(AccelifyCodemod):
                 return updated_node.with_changes(args=[*args, disable.with_changes(comma=args[-1].comma)])
             return updated_node.with_changes(args=[*args, disable])
         return updated_node
+
+
+    def _console_write(self, call: cst.Call) -> bool:
+        """``sys.stdout.write(text)`` as a statement of its own (its count of characters unused), in code
+        that trains or is handed the training objects: a home-made progress bar of its own (kuangliu's
+        ``progress_bar``) is left whole, its calls made by the main process (ACC023)."""
+        key = key_at(self, call)
+        training = {self.plan.setup, *self.plan.needs_accelerator} | {
+            k for kind in ("model", "loader") for k, _ in self.plan.flow[kind]}
+        return (len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star
+                and isinstance(self.get_metadata(ParentNodeProvider, call, None), cst.Expr) and key in training)
 
 
 def _names_in(made: cst.CSTNode, before: cst.CSTNode) -> list[cst.Name]:

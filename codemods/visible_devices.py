@@ -1,5 +1,7 @@
 """ACC022: the script no longer picks its GPUs: the launcher gives each process its own."""
 
+# A script that manages its own processes loses its ``torch.cuda.set_device(local_rank)`` to ACC019.
+
 from __future__ import annotations
 
 import libcst as cst
@@ -13,16 +15,19 @@ from .base import AccelifyCodemod
 
 _ENVIRON = frozenset({"os.environ"})
 _KEY = "CUDA_VISIBLE_DEVICES"
+_SET_DEVICE = frozenset({"torch.cuda.set_device"})
 
 
 class LauncherDevices(AccelifyCodemod):
-    """``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` set by the script goes.
+    """``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` and ``torch.cuda.set_device(...)`` set by the script go.
 
     A single-process script picks its GPU by hiding the others (``--gpu_id 2``). Under
     ``accelerate launch`` every process runs that line: all of them see the same one GPU and train
     on it, on top of each other. The launcher gives each process its own device
     (``accelerate launch --gpu_ids 2,3`` chooses which ones); the variable set in the environment
-    before launching still works as before.
+    before launching still works as before. ``torch.cuda.set_device(args.gpu)`` made every process's
+    current GPU the one the option picks, after the Accelerator set each its own: what runs on the
+    current device (a collective's barrier, ``.cuda()``) would all land on that GPU.
 
     Before::
 
@@ -32,6 +37,7 @@ class LauncherDevices(AccelifyCodemod):
         from torch.utils.data import DataLoader
 
         os.environ["CUDA_VISIBLE_DEVICES"] = opts.gpu_id
+        torch.cuda.set_device(opts.gpu)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         loader = DataLoader(dataset, batch_size=8)
         model = Net().to(device)
@@ -60,12 +66,18 @@ class LauncherDevices(AccelifyCodemod):
 
     CODE = "ACC022"
     NAME = "launcher-devices"
-    DESCRIPTION = 'os.environ["CUDA_VISIBLE_DEVICES"] = ... set by the script -> removed (the launcher assigns devices).'
+    DESCRIPTION = ('os.environ["CUDA_VISIBLE_DEVICES"] = ... and torch.cuda.set_device(...) set by the script -> '
+                   'removed (the launcher assigns devices).')
     REQUIRES = frozenset({"ACC004"})
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return _KEY in code
+        return _KEY in code or ("set_device" in code and plan.distributed is None)
+
+    def _sets_device(self, statement: cst.BaseSmallStatement) -> bool:
+        """``torch.cuda.set_device(...)`` as a statement, in a script that does not manage its processes."""
+        return (self.plan.distributed is None and isinstance(statement, cst.Expr)
+                and isinstance(statement.value, cst.Call) and has_qname(self, statement.value.func, _SET_DEVICE))
 
     def _sets_devices(self, statement: cst.BaseSmallStatement) -> bool:
         """``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` or ``os.environ.setdefault("CUDA_VISIBLE_DEVICES", ...)``."""
@@ -84,6 +96,10 @@ class LauncherDevices(AccelifyCodemod):
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
+        if len(original_node.body) == 1 and self._sets_device(original_node.body[0]):
+            self.change(original_node, "`torch.cuda.set_device(...)` removed: the launcher gives each process its "
+                                       "device, and the Accelerator makes it the process's current one")
+            return self.remove(updated)  # type: ignore[arg-type]
         if len(original_node.body) != 1 or not self._sets_devices(original_node.body[0]):
             return updated
         remove_imports_of(self.context, original_node)
