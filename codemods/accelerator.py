@@ -96,9 +96,13 @@ class AddAccelerator(AccelifyCodemod):
         # (after its first use, only what leaves the arguments' values alone: `args.start_epoch = 3`
         # when the Accelerator reads `args.cuda`)
         read = _read_chains(self.plan.accelerator_args())
-        if any(i >= first_use and binds(block.body[i], self.plan.argument_names, read) for i in arguments):
+        # It goes before the first training object when it can; an argument bound after that
+        # (`args.cuda = ...` below the DataLoaders) puts it later, if nothing reads it before.
+        reading = next((i for i, stmt in enumerate(block.body)
+                        if not isinstance(stmt, cst.FunctionDef) and self._uses_accelerator(stmt)), len(block.body))
+        if any(i >= reading and binds(block.body[i], self.plan.argument_names, read) for i in arguments):
             raise RuntimeError("an argument of the Accelerator is bound after its first use")
-        arguments = [i for i in arguments if i < first_use]
+        arguments = [i for i in arguments if i < first_use or binds(block.body[i], self.plan.argument_names, read)]
         if arguments:
             index = max(index, arguments[-1] + 1)
         self._import()

@@ -9,7 +9,7 @@ import libcst as cst
 from accelify.analyses.plan import Plan
 from accelify.queries.blocks import Body as Block
 from accelify.queries.blocks import binds, scope_root
-from accelify.queries.training import locate_setup, trainer_functions
+from accelify.queries.training import built_at_top, locate_setup, trainer_functions
 from accelify.queries.trees import Item
 
 from .base import AccelifyCodemod, depth_of, insert_paragraph
@@ -71,8 +71,15 @@ class Prepare(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._target: Optional[Block] = None
+        #: a function that builds its optimizer for the model it is handed: block -> (index, optimizers, accelerator)
+        self._late: dict[int, tuple[int, list[str], str]] = {}
         if self.plan.has_prepare:
             return
+        for function, optimizers in self.plan.late.items():
+            root = scope_root(node, function)
+            at = built_at_top(root, set(optimizers), trainer_functions(node)) if isinstance(root, cst.FunctionDef) else None
+            if at is not None:
+                self._late[id(at[0])] = (at[1], optimizers, self.plan.accelerator_in(function) or "accelerator")
         self._names = self.plan.core()
         root = scope_root(node, self.plan.setup)
         if root is None:
@@ -125,6 +132,8 @@ class Prepare(AccelifyCodemod):
         return self.parse_statement(code)
 
     def edit_body(self, block: Block, items: list[Item]) -> list[Item]:
+        if id(block) in self._late:
+            items = self._prepare_late(block, items)
         if block is not self._target:
             return items
         what = "prepare_model" if self.plan.evaluation and not self.plan.dataloaders else "prepare"
@@ -136,6 +145,17 @@ class Prepare(AccelifyCodemod):
         body[at + 1:at + 1] = others
         origins = [origin for _, origin in items]
         return list(zip(body, [*origins[:at], *[None] * (1 + len(others)), *origins[at:]]))
+
+
+    def _prepare_late(self, block: Block, items: list[Item]) -> list[Item]:
+        """``optimizer = accelerator.prepare(optimizer)`` right after the function builds it for the model
+        it is handed (accelify.analyses.handed): the model was prepared where it is built."""
+        index, optimizers, accelerator = self._late[id(block)]
+        names = ", ".join(optimizers)
+        self.change(block.body[index - 1], f"`{names} = {accelerator}.prepare({names})` inserted")
+        at = self.position(block, items, index)
+        statement = self.parse_statement(f"{names} = {accelerator}.prepare({names})")
+        return [*items[:at], (statement, None), *items[at:]]  # no paragraph of its own: it belongs to the line above
 
 
 def _statements(root: Union[cst.Module, cst.FunctionDef]) -> Sequence[cst.BaseStatement]:

@@ -77,6 +77,7 @@ RUNNABLE = {
     "config_device": Expect(),
     "settings_file": Expect(),
     "gpu_index_option": Expect(),
+    "optimizer_in_train": Expect(evals=("Test set",)),
 }
 
 # "Train Epoch: 1 [0]\tLoss: ..." (mnist_functions) and "epoch 0 step 0 loss ..." (the others).

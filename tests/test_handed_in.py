@@ -1,13 +1,18 @@
 """A function that builds the optimizer for a model handed in (`def train(model, loader, device):
 optimizer = Adam(model.parameters())`, called by `main()`, which builds the model and the loader): the
-most common shape of research code left. accelify prepares where the optimizer is built and does not
-prepare objects handed in yet: ACC104 says that, not a false "places nothing" (ACC121)."""
+most common shape of research code left. The model and the loaders are prepared where they are built,
+the optimizer in `train` (accelify.analyses.handed), with ACC142 saying what that means for DeepSpeed and
+FSDP2; the shapes it does not handle yet are refused with their reason (ACC104), never a false "places
+nothing" (ACC121). fixtures/optimizer_in_train runs it on one and two processes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from accelify.core.pipeline import convert_source
+from conftest import assert_stable
 
 SCRIPT = """\
 import torch
@@ -39,24 +44,70 @@ if __name__ == "__main__":
 """
 
 
-def test_an_optimizer_built_for_a_model_handed_in_is_refused_truly() -> None:
+def test_the_model_is_prepared_where_it_is_built_and_the_optimizer_where_it_is() -> None:
     result = convert_source(SCRIPT, "train.py")
-    assert not result.changed
-    [finding] = result.findings
-    assert (finding.code, finding.line) == ("ACC104", 7)
-    assert "built in `train` for `model`, a parameter" in finding.message
+    assert result.changed and result.error is None
+    out = result.output
+    train, _, main = out.partition("def main():")
+    assert "optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)\n    optimizer = accelerator.prepare(optimizer)\n" in train
+    assert "train_loader, model = accelerator.prepare(train_loader, model)" in main
+    assert "optimizer" not in main  # prepared once, in `train`
+    assert "accelerator.backward(loss)" in train and ".to(device)" not in out
+    assert [f.code for f in result.findings] == ["ACC142"]
+    assert result.findings[0].line == 7 and "DeepSpeed" in result.findings[0].message
+    assert_stable(out)
 
 
-def test_in_a_module_beside_the_script_it_is_named_as_the_user_wrote_it(tmp_path: Path) -> None:
-    """`import engine` ... `engine.train(...)`: the program's own name for `train` never reaches the user."""
+def test_in_a_module_beside_the_script_it_is_converted_there(tmp_path: Path) -> None:
+    """`import engine` ... `engine.train(...)`: the prepare goes into engine.py, where the optimizer is; the
+    program's own name for `train` never reaches the user."""
     head, _, rest = SCRIPT.partition("\n\ndef main():")
     (tmp_path / "engine.py").write_text(head + "\n")
     script = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nimport engine\n\n\ndef main():" + \
         rest.replace("    train(model,", "    engine.train(model,")
     (tmp_path / "main.py").write_text(script)
     result = convert_source(script, str(tmp_path / "main.py"))
-    assert not result.changed
+    assert result.changed
     [companion] = result.companions
+    assert "    optimizer = accelerator.prepare(optimizer)\n" in companion.output
+    assert "accelerator.prepare(train_loader, model)" in result.output
     [finding] = companion.findings
-    assert finding.code == "ACC104" and "built in `train` for `model`" in finding.message
+    assert finding.code == "ACC142" and "prepared in `train`" in finding.message
     assert "accelify_masked" not in finding.message + finding.suggestion
+
+
+@pytest.mark.parametrize("change, why", [
+    # called from two functions: which one builds the model to prepare?
+    (("    train(model, train_loader, device, 2)\n",
+      "    train(model, train_loader, device, 2)\n\n\ndef again(model, train_loader, device):\n"
+      "    train(model, train_loader, device, 1)\n"), "called from more than one place"),
+    # a loader of its own: not prepared in the function yet
+    (("    for epoch in range(epochs):\n",
+      "    extra = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8).long()), batch_size=4)\n"
+      "    for epoch in range(epochs):\n"), "builds a DataLoader too (`extra`)"),
+    # a scheduler of its own
+    (("    for epoch in range(epochs):\n",
+      "    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)\n    for epoch in range(epochs):\n"),
+     "builds a scheduler too"),
+    # the model handed in as an expression, not a name of the caller
+    (("    train(model, train_loader, device, 2)", "    train(model.float(), train_loader, device, 2)"),
+     "not handed one name of `main` for `model`"),
+])
+def test_what_it_does_not_handle_yet_is_refused_with_its_reason(change: tuple[str, str], why: str) -> None:
+    source = SCRIPT.replace(*change)
+    assert source != SCRIPT
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    [finding] = result.findings
+    assert finding.code == "ACC104" and "built in `train` for `model`, a parameter" in finding.message
+    assert why in finding.message
+
+
+def test_a_module_without_a_main_guard_keeps_its_signatures_and_says_so() -> None:
+    source = SCRIPT.replace('\n\nif __name__ == "__main__":\n    main()\n', "\n")
+    assert source != SCRIPT
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    [finding] = result.findings
+    assert finding.code == "ACC104" and "cannot be given the accelerator" in finding.message
+    assert 'no `if __name__ == "__main__":` guard' in finding.message

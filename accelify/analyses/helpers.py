@@ -129,7 +129,9 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
     placing = [c for c in facts.calls if isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda"
                and key_at(facts, c) != plan.setup and (key_at(facts, c) in handed or _places_what_it_is_handed(
                    facts, key_at(facts, c)))]
-    for call in [*facts.backwards, *gathering, *saving, *unwrapping, *placing]:
+    # a function that builds the optimizer for the model it is handed prepares it (accelify.analyses.handed)
+    late = [a for key, names in plan.late.items() for n in names for a in facts.assigns.get((key, n), [])]
+    for call in [*facts.backwards, *gathering, *saving, *unwrapping, *placing, *late]:
         key = key_at(facts, call)
         if key is None or plan.accelerator_in(key) is not None:
             continue

@@ -150,7 +150,8 @@ def training_objects(
     scopes = homes(plan)
     # an evaluation plan's "optimizers" are the models it runs (accelify.analyses.evaluation)
     if not plan.evaluation:
-        plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: facts.line(optimizers[r][0]))]
+        late = {(key, name) for key, names in plan.late.items() for name in names}
+        plan.optimizers = [r[1] for r in sorted(optimizers, key=lambda r: facts.line(optimizers[r][0])) if r not in late]
     for assign, models in sorted(optimizers.values(), key=lambda v: facts.line(v[0])):
         for model in models:
             ref = _model_ref(facts, model)

@@ -29,6 +29,7 @@ from accelify.analyses import (
     evaluation,
     factories,
     gradient_accumulation,
+    handed,
     hazards,
     helpers,
     mixed_precision,
@@ -104,6 +105,9 @@ class Plan:
     #: a trainer class whose optimizer is built in a method (``Trainer.train``): the objects built in
     #: ``__init__`` (``self.model``), prepared in that method with those it builds
     built_in_init: list[str] = field(default_factory=list)
+    #: a function that builds its optimizers for the model it is handed (accelify.analyses.handed) -> those
+    #: optimizers, prepared there; the model is prepared in the setup scope, its caller
+    late: dict[str, list[str]] = field(default_factory=dict)
     #: per-batch schedulers sized from ``len(dataloader)`` before the objects are prepared: prepared with them
     sized_early: list[str] = field(default_factory=list)
     #: every ref of each kind, setup objects and helper parameters alike
@@ -309,7 +313,8 @@ def _decide(facts: Facts) -> Plan:
     blockers.step("trained", (), lambda: data.trained_here(facts, plan, optimizers))
     blockers.step("processes", (), lambda: data.processes_here(facts, plan))
     blockers.step("distributed", ("processes",), lambda: distributed.decide(facts, plan))
-    blockers.step("setup", ("trained",), lambda: prepare_point.setup_scope(facts, plan, optimizers, first))
+    blockers.step("setup", ("trained",), lambda: prepare_point.setup_scope(facts, plan, optimizers, first)
+                  and handed.relocate(facts, plan, optimizers))
     blockers.step("spelling", ("setup",), lambda: accelerator.spelling(facts, plan))
     blockers.step("objects", ("setup",), objects_step)
     blockers.step("reaches", ("objects",), lambda: prepare_point.reaches_training(facts, plan, first))
@@ -326,6 +331,8 @@ def _decide(facts: Facts) -> Plan:
     if not prepare_point.place(facts, plan):
         return plan
     helpers.needs_accelerator(facts, plan)
+    if not handed.reachable(facts, plan):
+        return plan
     if not hazards.backwards_in_reach(facts, plan):
         return plan
     if not data.training_data(facts, plan):

@@ -116,7 +116,7 @@ FINDINGS: dict[str, str] = {
     "left unchanged.",
     "ACC129": "A DataParallel wrapper removed from a model that loads a state dict: checkpoints saved by the original "
     "script from the wrapped model have `module.` keys and will not load; converted, reported.",
-    # ACC14x: notebooks (ACC13x is left to the analysis of scripts).
+    # ACC14x: notebooks, projects and what a conversion tells (ACC13x is left to the analysis of scripts).
     "ACC140": "A notebook cell accelify cannot read as Python even with IPython syntax masked (a syntax error, an "
     "unknown cell magic), or a line magic that runs training code (`%time train()`): if the cell mentions training "
     "the whole notebook is left unchanged, otherwise the cell is left as it is and the rest converted. A cell of "
@@ -126,6 +126,11 @@ FINDINGS: dict[str, str] = {
     "...)`): changed, they would no longer fit that file's calls, so nothing changes; or a module two scripts of "
     "one run would convert differently: the module and those scripts are left unchanged. Give each script a "
     "training function of its own.",
+    "ACC142": "The optimizer is built in a function for the model it is handed (`def train(model, loader, args): "
+    "optimizer = Adam(model.parameters())`): the model and the loaders are prepared where they are built, the "
+    "optimizer in that function right after it is built (`optimizer = accelerator.prepare(optimizer)`), as "
+    "Accelerate's FSDP examples do. Right for one device, DDP, FSDP (version 1) and mixed precision; DeepSpeed and "
+    "FSDP2 take a model and its optimizer in one `prepare` call and stop with an error: converted, reported.",
 }
 
 

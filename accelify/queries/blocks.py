@@ -57,6 +57,19 @@ def simple_assign(stmt: cst.BaseStatement) -> Optional[cst.Assign]:
     return None
 
 
+def _assigned_targets(stmt: cst.BaseStatement) -> list[cst.BaseExpression]:
+    """The targets the assignments of a statement line bind (``a = b = ...``, ``x += 1``, ``n: int = 0``)."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return []
+    targets: list[cst.BaseExpression] = []
+    for small in stmt.body:
+        if isinstance(small, cst.Assign):
+            targets += [t.target for t in small.targets]
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)) and small.value is not None:
+            targets.append(small.target)
+    return targets
+
+
 def binds(stmt: cst.BaseStatement, names: set[str], reads: Optional[set[str]] = None) -> bool:
     """Does ``stmt`` (or a statement nested in it, same scope) assign one of ``names``, or an
     attribute of one (``args.cuda = ...`` changes what ``args.cuda`` reads after it)?
@@ -65,18 +78,16 @@ def binds(stmt: cst.BaseStatement, names: set[str], reads: Optional[set[str]] = 
     attribute assigned counts only when it is one of them, a part of one or inside one:
     ``args.start_epoch = 3`` leaves ``args.cuda`` alone."""
     for inner, _ in iter_statements(cst.IndentedBlock(body=[stmt])):
-        assign = simple_assign(inner)
-        if assign is None:
-            continue
-        for target in assign.targets:
-            if set(assigned_names(target.target)) & names:
+        # every assignment of the line: `args.cuda = ...; del args.no_cuda` binds `args.cuda` too
+        for target in _assigned_targets(inner):
+            if set(assigned_names(target)) & names:
                 return True
-            root = root_name(target.target) if isinstance(target.target, cst.Attribute) else None
+            root = root_name(target) if isinstance(target, cst.Attribute) else None
             if root is None or root.value not in names:
                 continue
             if reads is None:
                 return True
-            chain = code_of(target.target)
+            chain = code_of(target)
             if any(r == chain or r.startswith(chain + ".") or chain.startswith(r + ".") for r in reads):
                 return True
     return False

@@ -156,6 +156,21 @@ def locate_setup(
     return best
 
 
+def built_at_top(func: cst.FunctionDef, names: set[str], trainers: set[str]) -> Optional[tuple[Body, int]]:
+    """The function's own body and the index just after its last statement that binds one of ``names``
+    before the first that trains (``if ...: optimizer = Adadelta(...) else: optimizer = Adam(...)``
+    counts as one statement); None when none does, or the body is a one-line suite.  A method call on a
+    parameter (``net.train()``, ``nn.Module.train``) trains nothing."""
+    body = func.body
+    if not isinstance(body, cst.IndentedBlock):
+        return None
+    params = func.params
+    objects = frozenset(names) | {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    end = next((i for i, stmt in enumerate(body.body) if trains(stmt, trainers, objects)), len(body.body))
+    hits = [i for i, stmt in enumerate(body.body[:end]) if binds(stmt, names)]
+    return (body, hits[-1] + 1) if hits else None
+
+
 def _touches(stmt: cst.BaseStatement, names: set[str]) -> bool:
     """``model.load_state_dict(...)``, ``model.to(device)``: a line of calls of methods of ``names``."""
     if not names or not isinstance(stmt, cst.SimpleStatementLine):

@@ -1,0 +1,159 @@
+"""An optimizer built in a function for the model it is handed: each object prepared where it is built.
+
+Research code often builds the model (and the data) in ``main`` and hands them to a ``train``
+function that builds its own optimizer (textCNN, many course projects)::
+
+    def train(train_iter, dev_iter, model, args):
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        for epoch in range(args.epochs):
+            ...
+
+    cnn = CNN_Text(args)
+    train_iter = DataLoader(train_dataset, batch_size=args.batch_size, shuffle=True)
+    train(train_iter, dev_iter, cnn, args)
+
+The caller becomes the setup scope: the Accelerator is created there and prepares the model and
+loaders it builds, so every later use of them (an evaluation after training, a reload) sees the
+prepared objects.  The function gets the accelerator and prepares its optimizer right after building
+it, on the prepared model's parameters: ``optimizer = accelerator.prepare(optimizer)``.  Accelerate's
+own FSDP examples prepare a model first and its optimizer later in the same way; DeepSpeed and FSDP2
+take a model and its optimizer in one ``prepare`` call, so the conversion says so (ACC142).
+
+Only for a plain module-level function, every model its optimizers train one of its parameters
+that it never binds, called from one scope (the module or one function) with a plain name of that
+scope for each model.  A DataLoader or a scheduler the function builds itself is not handled yet:
+the file stays as it was, with the reason (ACC104).
+
+Input: the facts and the optimizers found where they are built, ``plan.setup`` (the function).
+Output: ``plan.setup`` and ``plan.owner`` (the caller), ``plan.late`` (function -> the optimizers
+it prepares), the optimizers' models as the caller names them; the note ACC142.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from accelify.analyses.facts import Facts, param_names
+from accelify.analyses.objects import Optimizers, _model_ref, is_scheduler
+from accelify.analyses.prepare_point import _bound_on_all_paths, _exhaustive_choices
+from accelify.queries.names import DATALOADERS, code_of, has_qname
+from accelify.queries.refs import MODULE, key_at, ref_of
+from accelify.queries.training import built_at_top
+
+if TYPE_CHECKING:
+    from accelify.analyses.plan import Plan
+
+
+def handed_models(facts: Facts, plan: Plan, optimizers: Optimizers) -> list[str]:
+    """The parameters of the setup function that its optimizers train and that it never binds; empty
+    unless every model is one (or the setup is no module-level function)."""
+    func = facts.functions.get(plan.setup)
+    if func is None or plan.class_mode:
+        return []
+    params = param_names(func)
+    names: list[str] = []
+    for _, models in optimizers.values():
+        for model in models:
+            ref = _model_ref(facts, model)
+            if ref is None or ref[0] != plan.setup or ref[1] not in params or any(
+                    facts.assign_key.get(id(a)) == plan.setup for a in facts.assigns.get(ref, [])):
+                return []
+            if ref[1] not in names:
+                names.append(ref[1])
+    return names
+
+
+def relocate(facts: Facts, plan: Plan, optimizers: Optimizers) -> bool:
+    """Make the caller of the setup function the setup scope when the function builds its optimizers for
+    models it is handed; True when there is nothing to do or it is done, False (ACC104) when the file
+    must stay as it is."""
+    models = handed_models(facts, plan, optimizers)
+    if not models:
+        return True
+    function = plan.setup
+    func = facts.functions[function]
+    first = min((a for a, _ in optimizers.values()), key=facts.line)
+    why = _unsupported(facts, plan, function, optimizers)
+    sites = facts.call_sites(function, func)
+    callers = {key_at(facts, call) for call, _ in sites}
+    if why is None and not sites:
+        why = f"`{function}` is not called in this file (or is handed on as a value)"
+    elif why is None and (len(callers) != 1 or None in callers or function in callers):
+        why = f"`{function}` is called from more than one place (`{'`, `'.join(sorted(str(c) for c in callers))}`)"
+    caller = next(iter(callers)) if len(callers) == 1 else None
+    if why is None and caller != MODULE and caller not in facts.functions:
+        why = f"`{function}` is called from `{caller}`, not from the module or a module-level function"
+    redirected: dict[str, cst.BaseExpression] = {}
+    for name in models if why is None else ():
+        args = [bound.get(name) for _, bound in sites]
+        handed = [a for a in args if a is not None and isinstance(a, cst.Name) and ref_of(facts, a) == (caller, a.value)]
+        if len(handed) != len(args) or len({a.value for a in handed}) != 1:
+            why = f"`{function}` is not handed one name of `{caller}` for `{name}` at every call"
+            break
+        redirected[name] = handed[0]
+    if why is not None:
+        facts.finding(
+            plan, first, "ACC104",
+            f"the optimizer is built in `{function}` for `{models[0]}`, a parameter, and {why}: accelify prepares "
+            f"the model where it is built and the optimizer in `{function}` only for a function called from one "
+            "place with the objects it trains. File not converted.",
+            f"build the optimizer where the model is built and hand it to `{function}` too, or prepare by hand "
+            f"in `{function}`: `{models[0]}, optimizer = accelerator.prepare({models[0]}, optimizer)`.",
+        )
+        return False
+    for ref, (assign, trained) in list(optimizers.items()):
+        optimizers[ref] = (assign, [redirected[_model_ref(facts, t)[1]] for t in trained])  # type: ignore[index]
+    plan.late[function] = [ref[1] for ref in sorted(optimizers, key=lambda r: facts.line(optimizers[r][0]))]
+    plan.setup = plan.owner = caller  # type: ignore[assignment]
+    names = ", ".join(plan.late[function])
+    facts.note(
+        plan, first, "ACC142",
+        f"`{names}` is prepared in `{function}`, where it is built, and the model it trains where that is built: "
+        "two `prepare` calls, right for one device, DDP, FSDP (version 1) and mixed precision; DeepSpeed and "
+        "FSDP2 need a model and its optimizer in one `prepare` call and stop with an error at the second.",
+        f"to train with DeepSpeed or FSDP2, build `{names}` where the model is built and hand it to `{function}`.",
+    )
+    return True
+
+
+def _unsupported(facts: Facts, plan: Plan, function: str, optimizers: Optimizers):
+    """Why the function's own objects cannot be prepared in it yet: it builds a DataLoader or a scheduler."""
+    refs = set(optimizers)
+    for ref, assigns in facts.assigns.items():
+        for assign in assigns:
+            value = assign.value
+            if facts.assign_key.get(id(assign)) != function or not isinstance(value, cst.Call):
+                continue
+            if has_qname(facts, value.func, DATALOADERS):
+                return f"`{function}` builds a DataLoader too (`{ref[1]}`)"
+            if ref not in refs and is_scheduler(facts, value, refs):
+                return f"`{function}` builds a scheduler too (`{code_of(value.func)}`)"
+    located = built_at_top(facts.functions[function], {r[1] for r in refs}, facts.trainers)
+    if located is None:
+        return f"`{function}` does not build it in its own body before it trains"
+    block, index = located
+    exhaustive = _exhaustive_choices(facts)
+    for ref in sorted(refs):
+        if not _bound_on_all_paths(block.body[:index], ref[1], exhaustive):
+            return f"`{ref[1]}` is bound there only under a condition"
+    return None
+
+
+def reachable(facts: Facts, plan: Plan) -> bool:
+    """Each function that prepares its optimizer reaches the Accelerator (a parameter it gets): False
+    (ACC104) when one cannot."""
+    for function, names in plan.late.items():
+        if plan.accelerator_in(function) is None:
+            why = ("this file has no `if __name__ == \"__main__\":` guard: a module others may import, whose "
+                   "functions' signatures accelify does not change" if not facts.is_script else
+                   "it is called with `*args`, or already has a name `accelerator`")
+            facts.finding(
+                plan, facts.assigns[(function, names[0])][0], "ACC104",
+                f"`{names[0]}` is built in `{function}` for the model it is handed, and `{function}` cannot be given "
+                f"the accelerator to prepare it ({why}); file not converted.",
+                f"build the optimizer where the model is built and hand it to `{function}` too.",
+            )
+            return False
+    return True
