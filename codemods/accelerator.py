@@ -70,7 +70,7 @@ class AddAccelerator(AccelifyCodemod):
         if device is not None and device.creation_site() is not None:  # type: ignore[attr-defined]
             # the device codemod created it where the device was
             self._import()
-            return module
+            return self._before_first_use(module)
         root = scope_root(module, self.plan.setup)
         if root is None:
             return module
@@ -119,6 +119,37 @@ class AddAccelerator(AccelifyCodemod):
         if block is module:
             return module.with_changes(body=body)
         return replace_in(module, block, block.with_changes(body=body))
+
+    def _before_first_use(self, module: cst.Module) -> cst.Module:
+        """The Accelerator the device codemod created where the device was goes up to the first statement
+        of its block that reads it (codesearch: a TensorBoard writer made by the main process, `... if
+        args.visual and accelerator.is_main_process else None`, above the device line), when nothing
+        between binds what its arguments read."""
+        root = scope_root(module, self.plan.setup)
+        if root is None or self.plan.class_mode:
+            return module
+        creation = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(self.plan.accelerator))],
+                                                        value=m.Call(func=m.Name("Accelerator")))])
+        for block in setup_blocks(root):
+            at = next((i for i, stmt in enumerate(block.body) if m.matches(stmt, creation)), None)
+            if at is None:
+                continue
+            first = next((i for i, stmt in enumerate(block.body[:at])
+                          if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and self._uses_accelerator(stmt)), None)
+            if first is None:
+                return module
+            read = _read_chains(self.plan.accelerator_args())
+            if any(binds(stmt, self.plan.argument_names, read) for stmt in block.body[first:at]):
+                raise RuntimeError("the Accelerator is read before the device line where it is created, and its "
+                                   "arguments are bound in between")
+            body = list(block.body)
+            made = body.pop(at)
+            body.insert(first, made.with_changes(leading_lines=body[first].leading_lines))
+            body[first + 1] = body[first + 1].with_changes(leading_lines=[])
+            if block is module:
+                return module.with_changes(body=body)
+            return replace_in(module, block, block.with_changes(body=body))
+        return module
 
     def _import(self) -> None:
         add_accelerator_imports(self.context, self.plan)

@@ -171,6 +171,8 @@ class MainProcessOutput(AccelifyCodemod):
     def _rewrite(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         names = qualified_names(self, original_node.func)
         if isinstance(original_node.func, cst.Name) and names & _PRINT:
+            if self._to_a_file(original_node):
+                return updated_node  # `print(row, file=csv_file)` writes a file: ACC017 / ACC127 decide
             if under_main_process_check(self, original_node):
                 return updated_node  # `if rank == 0: print(...)`: once already
             accelerator = self._reachable(original_node)
@@ -212,6 +214,11 @@ class MainProcessOutput(AccelifyCodemod):
             return updated_node.with_changes(args=[*args, disable])
         return updated_node
 
+
+    def _to_a_file(self, call: cst.Call) -> bool:
+        """``print(..., file=f)`` to anything but the console (``sys.stdout``, ``sys.stderr``)."""
+        target = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "file"), None)
+        return target is not None and not (qualified_names(self, target) & {"sys.stdout", "sys.stderr"})
 
     def _console_write(self, call: cst.Call) -> bool:
         """``sys.stdout.write(text)`` as a statement of its own (its count of characters unused), in code

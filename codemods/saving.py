@@ -195,6 +195,23 @@ class Saving(AccelifyCodemod):
                         return owner.value
         return None
 
+    def _opened_handle(self, call: cst.Call) -> Optional[str]:
+        """``torch.save(obj, f)`` inside ``with open(path, "wb") as f:`` (not under a main-process check): the
+        name of the handle every process opens."""
+        target = call.args[1].value if len(call.args) > 1 else None
+        if not isinstance(target, cst.Name):
+            return None
+        node = self.get_metadata(ParentNodeProvider, call, None)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            if isinstance(node, cst.With) and any(
+                    isinstance(item.asname.name if item.asname else None, cst.Name)
+                    and item.asname.name.value == target.value  # type: ignore[union-attr]
+                    and isinstance(item.item, cst.Call) and qualified_names(self, item.item.func) & {"builtins.open", "open"}
+                    for item in node.items):
+                return None if under_main_process_check(self, node) else target.value
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return None
+
     def _one_model_state(self, expr: cst.BaseExpression) -> bool:
         """``checkpoint = model.state_dict()`` ... ``torch.save(checkpoint, path)``: one model's weights."""
         values = assigned_values(self, expr) if isinstance(expr, cst.Name) else []
@@ -247,6 +264,16 @@ class Saving(AccelifyCodemod):
             )
             return updated
         if model is None and not state:
+            return updated
+        handle = self._opened_handle(call)
+        if handle is not None:
+            self.refuse(
+                call, "ACC128", f"the checkpoint is written through `{handle}`, a file every process opens for "
+                f"writing (`with open(...) as {handle}`): saved once by the main process, the others would still "
+                "open it and truncate what it wrote. File not converted.",
+                "save to the path itself: `accelerator.save(obj, path)` (after `accelerator.wait_for_everyone()`), "
+                "with no `open` around it.",
+            )
             return updated
         if accelerator is None:
             if not state:

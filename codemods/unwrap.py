@@ -20,7 +20,10 @@ class UnwrapModelAttributes(AccelifyCodemod):
     ``unwrap_model`` gives the plain model in every launch.  A method called in the
     training step (a loop that runs a backward, outside ``torch.no_grad()``) is not
     rewritten: the file is left unchanged with ACC120, since running the model
-    around its wrapper there would skip the gradient synchronisation.
+    around its wrapper there would skip the gradient synchronisation.  The model handed to
+    another module's code in a call made as a statement (``ema.step_ema(ema_model, model)``,
+    ``wandb.watch(model)``) is handed ``accelerator.unwrap_model(model)``: that code reads the
+    model (its ``state_dict()`` keys, its attributes), and what it returns trains nothing.
 
     Before::
 
@@ -50,7 +53,8 @@ class UnwrapModelAttributes(AccelifyCodemod):
     AFTER = frozenset({"ACC004"})
     CODE = "ACC016"
     NAME = "model-attributes"
-    DESCRIPTION = "model.attr (not nn.Module's) after prepare -> accelerator.unwrap_model(model).attr."
+    DESCRIPTION = ("model.attr (not nn.Module's) after prepare -> accelerator.unwrap_model(model).attr; the model handed "
+                   "to another module's code in a statement call -> accelerator.unwrap_model(model).")
     REQUIRES = frozenset({"ACC001", "ACC004"})
 
     @classmethod
@@ -62,6 +66,19 @@ class UnwrapModelAttributes(AccelifyCodemod):
         prepare = self.other("ACC004")
         located = (prepare._target, prepare._index) if prepare is not None and prepare._target is not None else None  # type: ignore[attr-defined]
         self._plain = {id(s) for s in plain_model_statements(node, self.plan, trainer_functions(node), located, self.vanishing())}
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        """``ema.step_ema(ema_model, model)`` -> ``ema.step_ema(ema_model, accelerator.unwrap_model(model))``: code
+        of another module gets the model itself (accelify.analyses.unwrapping.handed_away)."""
+        if id(original_node.value) not in self.plan.handed_away or self.inside(original_node, self._plain):
+            return updated_node
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None:
+            return updated_node
+        model = cst.Module(body=[]).code_for_node(updated_node.value)
+        self.change(original_node, f"`{model}` handed to another module's code as `{accelerator}.unwrap_model({model})`")
+        unwrapped = cst.Call(func=cst.parse_expression(f"{accelerator}.unwrap_model"), args=[cst.Arg(updated_node.value)])
+        return updated_node.with_changes(value=unwrapped)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if not model_attribute(self, original_node, self.plan) or self.inside(original_node, self._plain):

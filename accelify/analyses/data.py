@@ -25,8 +25,9 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, Qualified
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import called_function
-from accelify.queries.blocks import enclosing_function, inside
+from accelify.queries.blocks import enclosing_function, inside, scope_root
 from accelify.queries.loops import peel_iterable
+from accelify.queries.training import locate_setup
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, star_imports, string_value
 from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.walk import findall
@@ -290,6 +291,29 @@ def _hand_made_input(facts: Facts, plan: Plan):
     return None
 
 
+def rebound_loaders(facts: Facts, plan: Plan) -> bool:
+    """False (ACC123) when a function handed a prepared DataLoader binds that parameter again (StyleGAN's
+    ``loader = sample_data(dataset, batch_size, resolution)`` at each new resolution): the new loader never
+    goes through ``prepare``, and every process would train on all of its data."""
+    for key, name in sorted(plan.flow["loader"]):
+        if key == plan.setup or key == plan.owner:
+            continue  # the setup scope: a loader bound again after `prepare` is prepare_point's
+        again = [a for a in facts.assigns.get((key, name), []) if facts.assign_key.get(id(a)) == key]
+        if again:
+            value = again[0].value
+            made = f"{code_of(value.func)}(...)" if isinstance(value, cst.Call) else code_of(value)
+            facts.finding(
+                plan, again[0], "ACC123",
+                f"`{name}` is handed the prepared DataLoader, and `{key}` binds it again here to `{made}`: that "
+                "loader never goes through `prepare`, so every process would train on all of its data. File not "
+                "converted.",
+                f"prepare the new loader where it is made (`{name} = accelerator.prepare({made})`), or build every "
+                "loader where the model is built.",
+            )
+            return False
+    return True
+
+
 def training_data(facts: Facts, plan: Plan) -> bool:
     """Every loop around a backward should draw from a prepared dataloader.
 
@@ -310,8 +334,9 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                             for loop in loops) or _drawn_by_next(facts, plan, loops[-1]):
             continue
         early = _iterator_made_before(facts, plan, loops[-1])
-        if early is not None and not _seeded(facts):
-            # (seeded, every process draws the same batches from it: ACC124 below says so)
+        if early is not None and not _seeded(facts, _TORCH_SEEDS):
+            # (torch seeded, every process's DataLoader shuffles the same way and draws the same batches from it:
+            # ACC124 below says so; a NumPy generator of its own shuffles no DataLoader)
             iterator, call = early
             facts.finding(
                 plan, call, "ACC123",
@@ -468,6 +493,17 @@ def _unpacked_from_call(facts: Facts, expr: cst.BaseExpression) -> list[cst.Base
     return [assign.value] if isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call) else []
 
 
+def foreign_callee(facts: Facts, func: cst.BaseExpression) -> bool:
+    """Is ``func`` code of another module: a name imported from one (``utils.save``, ``save_images``), or a
+    method of an object this file makes from one of its classes (``ema = EMA(0.995)`` ... ``ema.step_ema``)?"""
+    if _foreign_module(facts, func) is not None:
+        return True
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+        return False
+    made = assigned_values(facts, func.value)
+    return bool(made) and all(isinstance(v, cst.Call) and _foreign_module(facts, v.func) is not None for v in made)
+
+
 def _foreign_module(facts: Facts, func: cst.BaseExpression) -> Optional[str]:
     """How to name the module ``func`` comes from when it is another module of the project
     (imported by name, or brought by a ``from utils import *``), not a known package's nor this
@@ -509,9 +545,14 @@ _SEEDS = frozenset({
 })
 
 
-def _seeded(facts: Facts) -> bool:
+#: the seeds of the generator a DataLoader shuffles with
+_TORCH_SEEDS = frozenset({"torch.manual_seed", "torch.random.manual_seed", "accelerate.utils.set_seed",
+                          "accelerate.utils.random.set_seed", "transformers.set_seed"})
+
+
+def _seeded(facts: Facts, seeds: frozenset = _SEEDS) -> bool:
     """Does the file seed a random generator (then every process draws the same)?"""
-    return any(has_qname(facts, c.func, _SEEDS) for c in facts.calls)
+    return any(has_qname(facts, c.func, seeds) for c in facts.calls)
 
 
 def _unseeded_draw(facts: Facts, loops: list) -> Optional[cst.Call]:
@@ -578,9 +619,26 @@ def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:
 
 
 def _iterator_made_before(facts: Facts, plan: Plan, loop: cst.For) -> Optional[tuple[cst.Name, cst.Call]]:
-    """``looper = infiniteloop(dataloader)`` (or ``iter(dataloader)``) before the loop, ``next(looper)`` in it:
-    (the iterator, the ``next`` call)."""
-    return next(((iterator, call) for iterator, call, made_in in _next_draws(facts, plan, loop) if not made_in), None)
+    """``looper = infiniteloop(dataloader)`` (or ``iter(dataloader)``) before the loop and before ``prepare``,
+    ``next(looper)`` in it: (the iterator, the ``next`` call). One made after the point where ``prepare`` goes
+    (after the line that builds the optimizer) wraps the prepared loader."""
+    return next(((iterator, call) for iterator, call, made_in in _next_draws(facts, plan, loop)
+                 if not made_in and not _made_after_prepare(facts, plan, iterator)), None)
+
+
+def _made_after_prepare(facts: Facts, plan: Plan, iterator: cst.Name) -> bool:
+    """Is every assignment of ``iterator`` a statement of the setup block after the point ``prepare`` goes?"""
+    root = scope_root(facts.module, plan.setup)
+    located = locate_setup(root, set(plan.anchors()), facts.trainers, touches=plan.touches()) if root else None
+    if located is None or plan.has_prepare:
+        return False
+    block, index = located
+    after = {id(n) for stmt in block.body[index:] for n in findall(stmt, m.Assign())}
+    scope = facts.get_metadata(ScopeProvider, iterator, None)
+    assignments = list(scope[iterator.value]) if scope is not None else []
+    return bool(assignments) and all(
+        isinstance(node := facts.get_metadata(ParentNodeProvider, getattr(a, "node", None), None), cst.AssignTarget)
+        and id(facts.get_metadata(ParentNodeProvider, node, None)) in after for a in assignments)
 
 
 def _made_in(facts: Facts, iterator: cst.Name, loop: cst.For) -> bool:

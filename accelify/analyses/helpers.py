@@ -131,7 +131,9 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
                    facts, key_at(facts, c)))]
     # a function that builds the optimizer for the model it is handed prepares it (accelify.analyses.handed)
     late = [a for key, names in plan.late.items() for n in names for a in facts.assigns.get((key, n), [])]
-    for call in [*facts.backwards, *gathering, *saving, *unwrapping, *placing, *late]:
+    # a prepared model handed to another module's code (`ema.step_ema(ema_model, model)`): handed unwrapped
+    away = [c for c in facts.calls if any(id(a.value) in plan.handed_away for a in c.args)]
+    for call in [*facts.backwards, *gathering, *saving, *unwrapping, *placing, *late, *away]:
         key = key_at(facts, call)
         if key is None or plan.accelerator_in(key) is not None:
             continue

@@ -77,13 +77,17 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
     names = qualified_names(facts, call.func)
     if not names or any(n.startswith(TORCH_SCHEDULER_PREFIX) or n.startswith("builtins.") for n in names):
         return None
+    values = [value for arg in call.args for value in (arg.value, *facts.bound_values(arg.value))]
     found = [
         c.func.value  # type: ignore[union-attr]
-        for arg in call.args
-        for value in (arg.value, *facts.bound_values(arg.value))
-        for c in findall(
-            value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
-        )
+        for value in values
+        for c in findall(value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters"))))
+    ]
+    # parameter groups a model's own method or a helper handed the model makes (DeepLab's
+    # `model.get_1x_lr_params()`, RealNVP's `util.get_param_groups(net, weight_decay)`)
+    found = found or [
+        model for value in values for c in findall(value, m.Call())
+        for model in _param_group_models(c)  # type: ignore[arg-type]
     ]
     is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
     looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
@@ -92,6 +96,23 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
     if is_torch_optim:
         return []
     return _one_line_factory(facts, call)
+
+
+_PARAM_GROUPS = re.compile(r"param", re.I)
+
+
+def _param_group_models(call: cst.Call) -> list[cst.BaseExpression]:
+    """``model.get_10x_lr_params()`` -> ``model``; ``get_param_groups(net, wd)`` -> ``net``: a method of
+    the model, or a function handed it as a plain name, named for parameters."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and _PARAM_GROUPS.search(func.attr.value) and isinstance(
+            func.value, (cst.Name, cst.Attribute)) and not call.args:
+        return [func.value]
+    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+    first = call.args[0].value if call.args and call.args[0].keyword is None else None
+    if _PARAM_GROUPS.search(name) and isinstance(first, cst.Name):
+        return [first]
+    return []
 
 
 def _one_line_factory(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
@@ -211,6 +232,28 @@ def training_objects(
     # object to prepare. (One built on every path is prepared though unread, as the Accelerate docs do.)
     loaders = [(ref, a) for ref, a in loaders if _read_anywhere(facts, a) or not under(facts, a, (cst.If,))]
     plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: facts.line(x[1])))
+    return True
+
+
+def modelled(facts: Facts, plan: Plan, optimizers: Optimizers) -> bool:
+    """False (ACC107) when an optimizer trains parameters accelify cannot tie to a model (NeRF's `Adam(params=
+    grad_vars)`, the list a factory returns): prepared alone, it would step a model never wrapped for
+    distributed training, every process training its own copy on its own shard."""
+    for assign, models in sorted(optimizers.values(), key=lambda v: facts.line(v[0])):
+        if models or plan.evaluation:
+            continue
+        call = assign.value
+        params = code_of(call.args[0].value) if isinstance(call, cst.Call) and call.args else "its parameters"
+        facts.finding(
+            plan, assign, "ACC107",
+            f"the optimizer trains `{params}`, and accelify cannot tell which model those parameters belong to "
+            "(no `model.parameters()` there): prepared alone, the optimizer would step a model that is never "
+            "wrapped for distributed training, so every process would train its own copy on its own data. "
+            "File not converted.",
+            "build the optimizer over `model.parameters()` (or parameter groups of it) where the model is "
+            "built, so that `accelerator.prepare(model, optimizer)` can take both.",
+        )
+        return False
     return True
 
 

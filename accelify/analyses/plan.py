@@ -39,6 +39,7 @@ from accelify.analyses import (
     samplers,
     schedulers,
     unused_parameters,
+    unwrapping,
 )
 
 # Names other modules import from here (the analyses lived in this module before they were split).
@@ -100,6 +101,9 @@ class Plan:
     #: ids of statement calls of another module's function that writes files (accelify.analyses.foreign):
     #: the main process makes them (ACC017)
     foreign_writers: set[int] = field(default_factory=set)
+    #: ids of the prepared models handed to another module's code in a statement call (``ema.step_ema(ema_model,
+    #: model)``): they are handed ``accelerator.unwrap_model(model)`` (accelify.analyses.unwrapping, ACC016)
+    handed_away: set[int] = field(default_factory=set)
     #: findings that describe what the conversion did (ACC136): reported only when the file is converted
     conversion_notes: list[RawFinding] = field(default_factory=list)
     #: a trainer class whose optimizer is built in a method (``Trainer.train``): the objects built in
@@ -319,8 +323,9 @@ def _decide(facts: Facts) -> Plan:
     blockers.step("objects", ("setup",), objects_step)
     blockers.step("reaches", ("objects",), lambda: prepare_point.reaches_training(facts, plan, first))
     blockers.step("handed", ("objects",), lambda: data.handed_elsewhere(facts, plan))
+    blockers.step("modelled", ("reaches",), lambda: objects.modelled(facts, plan, optimizers))
     # from here on every analysis reads the setup scope and what flows out of it: only where it reaches training
-    blockers.step("devices", ("distributed", "reaches"), devices_step)
+    blockers.step("devices", ("distributed", "modelled"), devices_step)
     blockers.step("placed", ("spelling", "devices"), placed_step)
     blockers.step("reductions", ("placed",), lambda: distributed.reductions(facts, plan))
     blockers.step("results", ("placed",), lambda: evaluation.kept_results(facts, plan))
@@ -330,12 +335,13 @@ def _decide(facts: Facts) -> Plan:
     in_owner, arguments, scheduler_calls = state["in_owner"], state["arguments"], state["scheduler_calls"]
     if not prepare_point.place(facts, plan):
         return plan
+    plan.handed_away = unwrapping.handed_away(facts, plan) if not plan.evaluation else set()
     helpers.needs_accelerator(facts, plan)
     if not handed.reachable(facts, plan):
         return plan
     if not hazards.backwards_in_reach(facts, plan):
         return plan
-    if not data.training_data(facts, plan):
+    if not data.training_data(facts, plan) or not data.rebound_loaders(facts, plan):
         return plan
     if not samplers.own_samplers(facts, plan):
         return plan

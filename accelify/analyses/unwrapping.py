@@ -9,6 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
+from accelify.analyses.data import foreign_callee
 from accelify.queries.blocks import scope_root
 from accelify.queries.names import has_qname
 from accelify.queries.refs import key_at, ref_of
@@ -116,3 +117,21 @@ MODULE_API = frozenset({
     "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
     "type", "xpu", "zero_grad", "module", "__class__", "__dict__",
 })
+
+
+def handed_away(facts, plan: Plan) -> set[int]:
+    """The prepared models (plain names) handed, in a call made as a statement of its own, to code of another
+    module: a function imported from it, or a method of an object made from one of its classes (dome272's
+    ``ema.step_ema(ema_model, model)``, whose ``ema_model.load_state_dict(model.state_dict())`` would meet the
+    DistributedDataParallel wrapper's ``module.`` keys). They are handed ``accelerator.unwrap_model(model)``:
+    the model itself, its parameters shared with the wrapper. Nothing the call returns reaches a backward,
+    and code of another module that trains is converted with the script or refused (accelify.core.unit),
+    so the wrapper's gradient synchronisation is not bypassed. Output: ids of the argument expressions."""
+    found: set[int] = set()
+    for call in facts.calls:
+        if not isinstance(facts.get_metadata(ParentNodeProvider, call, None), cst.Expr):
+            continue
+        models = [a.value for a in call.args if isinstance(a.value, cst.Name) and ref_of(facts, a.value) in plan.flow["model"]]
+        if models and foreign_callee(facts, call.func):
+            found.update(id(v) for v in models)
+    return found
