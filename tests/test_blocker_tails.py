@@ -263,3 +263,83 @@ def test_a_batch_taken_to_numpy_before_the_script_places_it_is_moved_to_the_host
     assert "        x = x.data.cpu().numpy()\n" in result.output
     assert "x, y = x.to(accelerator.device), y.to(accelerator.device)" in result.output  # rebuilt on the host
     assert_stable(result.output)
+
+
+def test_a_function_handed_a_prepared_loader_and_a_plain_one_is_refused() -> None:
+    """ProtoNet: `test(opt, test_dataloader, model)` from `main` (prepared) and from `eval` (not): `test` was
+    left as it was, and counted one shard's accuracy on every process, with no finding."""
+    source = HEAD + """
+
+def test(loader, model, device):
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            correct += (model(x).argmax(1) == y).sum().item()
+    print("accuracy", correct / len(loader.dataset))
+
+
+def evaluate_only(model, device):
+    data = torch.randn(16, 4)
+    test(DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4), model, device)
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
+""" + MODEL + LOOP + """    test(loader, model, device)
+
+
+if __name__ == "__main__":
+    main()
+"""
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    [finding] = result.findings
+    assert finding.code == "ACC123" and "`test` is handed the prepared DataLoader `loader` in `main`" in finding.message
+    assert "here in `evaluate_only`" in finding.message
+
+
+@pytest.mark.parametrize("shape, why", [
+    # pyGAT (Gordić): the backward in a closure a factory returns
+    ("""
+def get_main_loop(model, optimizer, loader, device):
+    def main_loop():
+""" + "\n".join("    " + line for line in LOOP.splitlines()) + """
+    return main_loop
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
+""" + MODEL + """    get_main_loop(model, optimizer, loader, device)()
+""", "a function defined inside `get_main_loop` (a closure)"),
+    # BYOL: the trainer constructed with `**config`
+    ("""
+class Trainer:
+    def __init__(self, model, optimizer, device, **params):
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.epochs = params["epochs"]
+
+    def train(self, loader):
+        model, optimizer, device = self.model, self.optimizer, self.device
+""" + LOOP.replace("    ", "        ", 1).replace("\n    ", "\n        ") + """
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
+""" + MODEL + """    config = {"epochs": 1}
+    Trainer(model, optimizer, device, **config).train(loader)
+""", "`Trainer` is not constructed in this file with plain arguments"),
+])
+def test_a_backward_out_of_reach_says_why_it_is(shape: str, why: str) -> None:
+    """ACC106 said only "this backward cannot reach the script's Accelerator" (byol, pyGAT): it names why."""
+    source = HEAD + shape + '\n\nif __name__ == "__main__":\n    main()\n'
+    compile(source, "train.py", "exec")
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    codes = [f for f in result.findings if f.code == "ACC106"]
+    assert codes and why in codes[0].message, [f.message for f in result.findings]

@@ -18,6 +18,7 @@ import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
 from accelify.analyses.facts import Facts
+from accelify.analyses.helpers import why_no_accelerator
 from accelify.analyses.ranks import under_main_process_check
 from accelify.queries.blocks import enclosing_function
 from accelify.queries.names import code_of, qualified_names, root_name, star_imports
@@ -79,9 +80,10 @@ def backwards_in_reach(facts: Facts, plan: Plan) -> bool:
     """False (ACC106) when a tensor ``.backward()`` cannot reach the Accelerator."""
     unreachable = _backward_out_of_reach(facts, plan)
     if unreachable is not None:
+        why = why_no_accelerator(facts, plan, key_at(facts, unreachable) or "")
         facts.finding(
-            plan, unreachable, "ACC106", "this backward cannot reach the script's Accelerator, and with a prepared "
-            "optimizer a plain backward is wrong under fp16, accumulation or DeepSpeed; file not converted.",
+            plan, unreachable, "ACC106", f"this backward cannot reach the script's Accelerator ({why}), and with a "
+            "prepared optimizer a plain backward is wrong under fp16, accumulation or DeepSpeed; file not converted.",
             "pass the accelerator to this function and call `accelerator.backward(loss)`.",
         )
         return False

@@ -65,6 +65,31 @@ def flows(facts: Facts, plan: Plan) -> None:
             plan.device_params.setdefault(key, []).append(param)
 
 
+def mixed_loaders(facts: Facts, plan: Plan) -> bool:
+    """False (ACC123) when a function of the file is handed a prepared DataLoader at one call and another
+    loader at another (ProtoNet's ``test(opt, test_dataloader, model)`` from ``main``, where it is prepared,
+    and from ``eval``, where it is not): converted for the one, it would count one shard's metrics with no
+    gather, or gather where nothing was sharded."""
+    for name, func in facts.functions.items():
+        sites = facts.call_sites(name, func)
+        for param in param_names(func):
+            args = [(call, bound.get(param)) for call, bound in sites]
+            given = [(call, a) for call, a in args if a is not None and not m.matches(a, m.Name("None"))]
+            prepared = [(call, a) for call, a in given if ref_of(facts, a) in plan.flow["loader"]]
+            other = next(((call, a) for call, a in given if ref_of(facts, a) not in plan.flow["loader"]), None)
+            if prepared and other is not None:
+                facts.finding(
+                    plan, other[0], "ACC123",
+                    f"`{name}` is handed the prepared DataLoader `{code_of(prepared[0][1])}` in "
+                    f"`{key_at(facts, prepared[0][0])}` (line {facts.line(prepared[0][0])}) and `{code_of(other[1])}`, "
+                    f"which is not prepared, here in `{key_at(facts, other[0])}`: converted for one of them, it would "
+                    "count one process's shard with no gather, or gather what was never sharded. File not converted.",
+                    f"prepare the loader this call hands `{name}` too, or give the two uses functions of their own.",
+                )
+                return False
+    return True
+
+
 def _constructor(facts: Facts, name: str) -> Optional[cst.FunctionDef]:
     """The ``__init__`` of a plain module-level class (no bases but ``object``), if it has one."""
     cls = facts.classes[name]
@@ -214,3 +239,32 @@ def _can_take_accelerator(facts: Facts, plan: Plan, name: str) -> bool:
         return False
     sites = facts.call_sites(name, func)
     return bool(sites) and all(plan.accelerator_in(key_at(facts, call)) is not None for call, _ in sites)
+
+
+def why_no_accelerator(facts: Facts, plan: Plan, key: str) -> str:
+    """Why the code of ``key`` (a function, a method) cannot be handed the accelerator, for ACC106."""
+    top, _, rest = key.partition(".")
+    if not facts.is_script:
+        return "the file has no `if __name__ == \"__main__\":` guard: a module others may import, whose signatures " \
+               "accelify does not change"
+    if top in facts.functions and rest:
+        return f"it runs in a function defined inside `{top}` (a closure), which accelify does not hand the accelerator"
+    if top in facts.functions:
+        func = facts.functions[top]
+        sites = facts.call_sites(top, func)
+        if not sites:
+            return f"`{top}` is not called in this file with plain arguments (handed on as a value, or called with `*args`)"
+        outside = next((key_at(facts, call) for call, _ in sites if plan.accelerator_in(key_at(facts, call)) is None), None)
+        if outside is not None:
+            return f"`{top}` is called from `{outside}`, which does not reach the Accelerator either"
+        return f"`{top}` already has a name `accelerator`, or positional-only parameters"
+    if top in facts.classes:
+        init = _constructor(facts, top)
+        if init is None:
+            return (f"`{top}` has no plain `__init__(self, ...)` (a base class other than `object`, or none of its "
+                    "own) to take it")
+        if not facts.call_sites(top, init, facts.classes[top]):
+            return (f"`{top}` is not constructed in this file with plain arguments (`**config`, `*args`, or handed "
+                    "on as a value)")
+        return f"`{top}` is constructed where the Accelerator is not visible, or already has an `accelerator`"
+    return "accelify cannot tell where it is called from"

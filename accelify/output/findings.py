@@ -22,7 +22,9 @@ FINDINGS: dict[str, str] = {
     "function called once as `a, b, c = factory()` returning only optimizers, their models and datasets: those "
     "are prepared where they are unpacked), or in a trainer method "
     "(`Trainer.train`) that is not called exactly once, outside a loop: file left unchanged. A trainer method called "
-    "once is converted (`prepare` there, the Accelerator created in `__init__`).",
+    "once is converted (`prepare` there, the Accelerator created in `__init__`). Also an optimizer over parameters "
+    "accelify cannot tie to a model (`Adam(params=grad_vars)`, the list a factory returns): prepared alone, the model "
+    "would never be wrapped for distributed training.",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
     "left as it is. The model or batches placed on a device chosen outside the function that trains (a "
     "module-level `device` used in `main()`) or handed in, or a `--device` option read inside a helper handed "
@@ -69,7 +71,9 @@ FINDINGS: dict[str, str] = {
     "in a dict of loaders, or returned by a helper that may return something else), or with `next(it)` from an "
     "iterator made of one before `prepare` runs (`it = infiniteloop(loader)` in the setup code, no seed): every "
     "process would train on all of it; file left unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
-    "they are prepared where it is called.",
+    "they are prepared where it is called. Also a function handed the prepared DataLoader that binds that parameter "
+    "to a new loader (`loader = sample_data(dataset, resolution)`), and a function handed a prepared DataLoader at "
+    "one call and an unprepared one at another.",
     "ACC124": "The training data is no DataLoader (hand-sliced tensors, `get_batch()`): converted, but not "
     "sharded, every process trains on all of it; reported (with a converted file only).",
     "ACC125": "A backward pass with no optimizer accelify recognises (parameters updated by hand, an optimizer "
@@ -85,7 +89,9 @@ FINDINGS: dict[str, str] = {
     "`with accelerator.main_process_first():`).",
     "ACC128": "A model saved with `torch.save` in code that cannot reach the Accelerator, or the `state_dict()` of a "
     "model handed in as a parameter accelify does not follow (an early-stopping callback's `save_checkpoint(self, "
-    "val_loss, model)`): every process would write it, with the wrapper's `module.` keys; file left unchanged.",
+    "val_loss, model)`): every process would write it, with the wrapper's `module.` keys; file left unchanged. "
+    "Also a checkpoint written through a handle every process opens (`with open(path, \"wb\") as f: torch.save(state, "
+    "f)`): saved once, the other processes would still truncate it.",
     "ACC130": "The script reads back the sampler a prepared DataLoader was built with (`len(loader.sampler)`): "
     "after `prepare` the loader's `.sampler` is another one, over the whole dataset: file left unchanged.",
     "ACC131": "An evaluation writes its results batch by batch inside the loop over the prepared DataLoader (`f.write` "
