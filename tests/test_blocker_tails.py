@@ -333,7 +333,7 @@ def main():
     loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
 """ + MODEL + """    config = {"epochs": 1}
     Trainer(model, optimizer, device, **config).train(loader)
-""", "`Trainer` is not constructed in this file with plain arguments"),
+""", "`Trainer.__init__` takes its arguments through `*args` / `**kwargs`"),
 ])
 def test_a_backward_out_of_reach_says_why_it_is(shape: str, why: str) -> None:
     """ACC106 said only "this backward cannot reach the script's Accelerator" (byol, pyGAT): it names why."""
@@ -343,3 +343,49 @@ def test_a_backward_out_of_reach_says_why_it_is(shape: str, why: str) -> None:
     assert not result.changed
     codes = [f for f in result.findings if f.code == "ACC106"]
     assert codes and why in codes[0].message, [f.message for f in result.findings]
+
+
+FLAG = HEAD + """import argparse
+
+
+def main(args):
+    print(args.gpu)
+    args = argparse.Namespace(use_cpu=True, gpu="0")
+    data = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
+    model = torch.nn.Linear(4, 2)
+    if not args.use_cpu:
+        model = model.cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for x, y in loader:
+        x = torch.Tensor(x.numpy())
+        if not args.use_cpu:
+            x, y = x.cuda(), y.cuda()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+{late}
+
+if __name__ == "__main__":
+    main(argparse.Namespace(use_cpu=False, gpu="0"))
+"""
+
+
+def test_a_placement_flag_bound_twice_before_the_objects_is_the_accelerators_cpu_flag() -> None:
+    """PointNet: `def main(args): ... args = parse_args()`, then `if not args.use_cpu: classifier.cuda()`: the
+    flag was not read (a name bound twice), and `Accelerator()` trained on the GPU where `--use_cpu` kept the
+    rebuilt batch on the host."""
+    result = convert_source(FLAG.format(late=""), "train.py")
+    assert result.changed, [f.message for f in result.findings]
+    assert "accelerator = Accelerator(cpu=args.use_cpu)" in result.output
+    assert_stable(result.output)
+
+
+def test_a_placement_flag_the_accelerator_cannot_read_is_refused() -> None:
+    """The same flag bound again after the objects: no `cpu=` the Accelerator could be given; the file stays."""
+    source = FLAG.format(late="    args = None\n").replace("    args = argparse.Namespace(use_cpu=True, gpu=\"0\")\n", "")
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    assert [f.code for f in result.findings] == ["ACC102"]
+    assert "placed only when `not args.use_cpu` holds" in result.findings[0].message

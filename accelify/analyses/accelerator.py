@@ -130,6 +130,8 @@ class Arguments:
         if there is None:
             return False
         found, seen = here[root.value], there[root.value]
+        if len(found) > 1 and found == seen and self._all_before_anchor(found):
+            return True  # `def main(args): ... args = parse_args()` before the objects: its last value
         if len(found) != 1 or found != seen:
             return False
         assignment = next(iter(found))
@@ -143,6 +145,16 @@ class Arguments:
         if isinstance(assignment.node, cst.Param):
             return True
         return facts.line(assignment.node) < self.anchor
+
+    def _all_before_anchor(self, assignments) -> bool:
+        """Every binding a parameter of the setup function or an assignment in it before the first device
+        or training object: the Accelerator, created after them, reads the value the code after reads."""
+        for assignment in assignments:
+            if not isinstance(assignment, Assignment) or scope_key(assignment.scope) != self.plan.setup:
+                return False
+            if not isinstance(assignment.node, cst.Param) and self.facts.line(assignment.node) >= self.anchor:
+                return False
+        return True
 
     def use(self, expr: cst.BaseExpression) -> str:
         """Record that the Accelerator reads ``expr`` (it is created after its names are bound)."""

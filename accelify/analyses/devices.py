@@ -191,11 +191,12 @@ def _enclosing_if(facts: Facts, assign: cst.Assign) -> Optional[cst.CSTNode]:
     return None
 
 
-def placement_flag(facts: Facts, plan: Plan, arguments: Arguments) -> None:
+def placement_flag(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
     """``if args.cuda: model = model.cuda()``: the flag still decides, as ``Accelerator(cpu=not args.cuda)``.
 
     Only when every placement of a trained model sits under one same test that is not
-    an availability check, and the Accelerator can read that test where it is created.
+    an availability check, and the Accelerator can read that test where it is created;
+    False (ACC102) when it cannot read it.
     """
     placements = [
         call for call in facts.calls
@@ -208,18 +209,28 @@ def placement_flag(facts: Facts, plan: Plan, arguments: Arguments) -> None:
         while parent is not None and not isinstance(parent, (cst.If, cst.FunctionDef, cst.Module)):
             parent = facts.get_metadata(ParentNodeProvider, parent, None)
         if not isinstance(parent, cst.If) or call in findall(parent.test, m.Call()):
-            return
+            return True
         tests.append(parent.test)
     if not tests or len({"".join(code_of(t).split()) for t in tests}) != 1:
-        return
+        return True
     test = tests[0]
     if is_availability_check(facts, test) or findall(test, m.Call()):
-        return
+        return True
     roots = read_names(test)
     if not roots or not all(arguments.available(n, n) for n in roots):  # type: ignore[arg-type]
-        return
+        facts.finding(
+            plan, test, "ACC102",
+            f"the model is placed only when `{code_of(test)}` holds, and the Accelerator, created before the "
+            "training objects, cannot read that test there (a name bound after them, or more than once): "
+            "converted with no `cpu=` flag it would train on the GPU where the script's own placements of the "
+            "data follow the flag (a device mismatch). File not converted.",
+            f"bind what `{code_of(test)}` reads once, before the model is built (or pass `--cpu` to `accelerate "
+            "launch` yourself), then convert again.",
+        )
+        return False
     plan.cpu_flag = _negate(test)
     arguments.use(test)
+    return True
 
 
 def _is_string(value: cst.BaseExpression) -> bool:

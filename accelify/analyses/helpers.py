@@ -264,6 +264,8 @@ def why_no_accelerator(facts: Facts, plan: Plan, key: str) -> str:
             return (f"`{top}` has no plain `__init__(self, ...)` (a base class other than `object`, or none of its "
                     "own) to take it")
         if not facts.call_sites(top, init, facts.classes[top]):
+            if isinstance(init.params.star_arg, cst.Param) or init.params.star_kwarg is not None:
+                return f"`{top}.__init__` takes its arguments through `*args` / `**kwargs`"
             return (f"`{top}` is not constructed in this file with plain arguments (`**config`, `*args`, or handed "
                     "on as a value)")
         return f"`{top}` is constructed where the Accelerator is not visible, or already has an `accelerator`"

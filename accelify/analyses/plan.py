@@ -305,8 +305,8 @@ def _decide(facts: Facts) -> Plan:
         state["arguments"] = arguments = accelerator.Arguments(facts, plan, state["in_owner"])
         if not option_devices.decide(facts, plan, arguments):
             return False
-        if not plan.devices and plan.cpu_flag is None:
-            devices.placement_flag(facts, plan, arguments)
+        if not plan.devices and plan.cpu_flag is None and not devices.placement_flag(facts, plan, arguments):
+            return False
         helpers.flows(facts, plan)
         return True
 
