@@ -29,7 +29,7 @@ from accelify.queries.blocks import enclosing_function, inside, scope_root
 from accelify.queries.loops import peel_iterable
 from accelify.queries.training import locate_setup
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, star_imports, string_value
-from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
+from accelify.queries.refs import MODULE, assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -79,7 +79,21 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
             f"torch.cuda.is_available() else \"cpu\")`) instead of `{device}`, or use `accelerator.device`.",
         )
         return False
-    if not plan.dataloaders and any(has_qname(facts, c.func, _TENSOR_FACTORIES) for c in facts.calls):
+    hand_made = not plan.dataloaders and any(has_qname(facts, c.func, _TENSOR_FACTORIES) for c in facts.calls)
+    global_device = _module_device_placement(facts, plan) if hand_made or _hand_made_input(facts, plan) else None
+    if global_device is not None:
+        # (it would be ACC121's "places nothing": it places, on a device the function that trains does not own)
+        call, name = global_device
+        facts.finding(
+            plan, call, "ACC108",
+            f"`{code_of(call)}`: `{name}` is a device chosen at the module's top (line {facts.line(facts.assigns[(MODULE, name)][0])}), "
+            f"not where the training objects are built (`{plan.setup}`); left in place, every process would use that "
+            "one device, and removed, what the script moves there by hand would stay behind. File not converted.",
+            f"choose the device in `{plan.setup}` and hand it to the functions that use it, or use "
+            "`accelerator.device`.",
+        )
+        return False
+    if hand_made:
         facts.finding(
             plan, first, "ACC121", "the training data does not come from a DataLoader and the script places nothing "
             "on a device: `prepare` would move the model to the accelerator and leave the data on the CPU. "
@@ -192,6 +206,21 @@ def processes_here(facts: Facts, plan: Plan) -> bool:
         )
         return False
     return True
+
+
+def _module_device_placement(facts: Facts, plan: Plan) -> Optional[tuple[cst.Call, str]]:
+    """``x.to(device)`` where ``device`` is a module-level device (NeRF's ``device = torch.device("cuda" if ...)``
+    at the top, read in its functions) and the setup scope is a function: the script does place, on a device
+    the conversion does not own. (A flat script's module-level device is the setup's own.)"""
+    if plan.setup == MODULE:
+        return None
+    devices = {name for (key, name), assigns in facts.assigns.items() if key == MODULE and assigns and all(
+        classify_device(facts, a.value) is not None for a in assigns)}
+    for call in facts.calls:
+        if m.matches(call.func, m.Attribute(attr=m.Name("to") | m.Name("cuda"))) and call.args and isinstance(
+                call.args[0].value, cst.Name) and ref_of(facts, call.args[0].value) in {(MODULE, d) for d in devices}:
+            return call, call.args[0].value.value
+    return None
 
 
 def _placed_by_option(facts: Facts) -> bool:
@@ -379,6 +408,18 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                     "`accelerator.prepare(...)` call.",
                 )
                 return False
+        unprepared = next((d for loop in loops if (d := _unprepared_next(facts, plan, loop)) is not None), None)
+        if unprepared is not None:
+            iterator, call = unprepared
+            facts.finding(
+                plan, call, "ACC123",
+                f"the training loop draws with `{code_of(call)}` from `{code_of(iterator)}`, an iterator of a "
+                "DataLoader accelify cannot prepare (built where the model and optimizer are not, or by a helper "
+                "there): every process would train on all of it, shuffled its own way. File not converted.",
+                "build the DataLoader beside the model and optimizer and pass it through the same "
+                "`accelerator.prepare(...)` call, or prepare it where it is built.",
+            )
+            return False
         foreign = next((f for loop in loops if (f := _foreign_source(facts, loop.iter)) is not None), None)
         if foreign is not None:
             call, module = foreign
@@ -421,7 +462,7 @@ def training_data(facts: Facts, plan: Plan) -> bool:
 
 #: packages whose functions accelify knows do not return a DataLoader to prepare (their data is
 #: no DataLoader: ACC124 / ACC134 say what that means)
-_KNOWN_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "numpy", "random", "itertools",
+_KNOWN_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "numpy", "random", "itertools", "accelerate",
                              "builtins", "math", "tqdm", "datasets", "transformers", "os", "glob", "json", "pandas"})
 
 
@@ -611,6 +652,23 @@ def _next_draws(facts: Facts, plan: Plan, loop: cst.For) -> Iterator[tuple[cst.N
             continue
         if isinstance(iterator, cst.Name) and _prepared_data(facts, plan, iterator, 0):
             yield iterator, call, _made_in(facts, iterator, loop)
+
+
+def _unprepared_next(facts: Facts, plan: Plan, loop: cst.For) -> Optional[tuple[cst.Name, cst.Call]]:
+    """``real_image = next(data_loader)`` in the loop where ``data_loader = iter(loader)`` and ``loader`` is a
+    DataLoader no ``prepare`` takes (StyleGAN's ``loader = sample_data(dataset, batch, resolution)`` in
+    ``train``): (the iterator, the ``next`` call)."""
+    for call in findall(loop.body, m.Call(func=m.Name("next") | m.Attribute(attr=m.Name("__next__")))):
+        if isinstance(call.func, cst.Attribute) and not call.args:
+            iterator = call.func.value
+        elif call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}:
+            iterator = call.args[0].value
+        else:
+            continue
+        if (isinstance(iterator, cst.Name) and not _prepared_data(facts, plan, iterator, 0)
+                and _loader_like(facts, iterator, set())):
+            return iterator, call
+    return None
 
 
 def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:

@@ -37,7 +37,8 @@ import libcst as cst
 
 from accelify.analyses.facts import Facts, param_names
 from accelify.analyses.objects import Optimizers, _model_ref, is_scheduler
-from accelify.analyses.prepare_point import _bound_on_all_paths, _exhaustive_choices
+from accelify.analyses.prepare_point import _exhaustive_choices
+from accelify.queries.blocks import bound_on_all_paths
 from accelify.queries.names import DATALOADERS, code_of, has_qname
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.training import built_at_top
@@ -136,7 +137,7 @@ def _unsupported(facts: Facts, plan: Plan, function: str, optimizers: Optimizers
     block, index = located
     exhaustive = _exhaustive_choices(facts)
     for ref in sorted(refs):
-        if not _bound_on_all_paths(block.body[:index], ref[1], exhaustive):
+        if not bound_on_all_paths(block.body[:index], ref[1], exhaustive):
             return f"`{ref[1]}` is bound there only under a condition"
     return None
 

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ScopeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.foreign import called_function
 from accelify.analyses.facts import Facts, bind_arguments, param_names
-from accelify.queries.blocks import under
+from accelify.queries.blocks import bound_on_all_paths, under
 from accelify.queries.loops import built_loader
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name
 from accelify.queries.refs import MODULE, Ref, key_at, ref_of
@@ -208,6 +208,8 @@ def training_objects(
         for assign in in_owner.get(ref, []):
             value = assign.value
             if m.matches(value, m.Name("None") | m.IfExp(body=m.Name("None")) | m.IfExp(orelse=m.Name("None"))):
+                if m.matches(value, m.Name("None")) and _overwritten(facts, assign, ref[1]):
+                    continue  # `self.optimizer = None` as a placeholder, bound for good a few lines below
                 facts.finding(
                     plan, assign, "ACC104",
                     f"`{ref[1]}` can be None (`{_none_case(value)}`): the model it trains may then be frozen, and "
@@ -233,6 +235,16 @@ def training_objects(
     loaders = [(ref, a) for ref, a in loaders if _read_anywhere(facts, a) or not under(facts, a, (cst.If,))]
     plan.dataloaders = _unique(r[1] for r, a in sorted(loaders, key=lambda x: facts.line(x[1])))
     return True
+
+
+def _overwritten(facts: Facts, assign: cst.Assign, name: str) -> bool:
+    """Is ``name = None`` followed, in its own block, by statements that bind ``name`` on every path?"""
+    line = facts.get_metadata(ParentNodeProvider, assign, None)
+    block = facts.get_metadata(ParentNodeProvider, line, None) if line is not None else None
+    body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+    if line not in body:
+        return False
+    return bound_on_all_paths(body[body.index(line) + 1:], name)
 
 
 def modelled(facts: Facts, plan: Plan, optimizers: Optimizers) -> bool:

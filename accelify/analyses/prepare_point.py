@@ -14,7 +14,7 @@ Accelerator cannot serve from) and ACC104 (no single point where ``prepare`` see
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -22,7 +22,7 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import Optimizers
-from accelify.queries.blocks import binds, scope_root
+from accelify.queries.blocks import binds, bound_on_all_paths, scope_root
 from accelify.queries.names import code_of, string_value
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.training import BACKWARD, bound_again, locate_setup, trains
@@ -202,7 +202,7 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
                 return False
     exhaustive = _exhaustive_choices(facts)
     for name in names:
-        if not _bound_on_all_paths(block.body[:index], name, exhaustive):
+        if not bound_on_all_paths(block.body[:index], name, exhaustive):
             facts.finding(
                 plan, next((st for st in block.body[:index] if binds(st, {name})), block.body[index - 1]), "ACC104",
                 f"`{name}` is bound only under a condition: `prepare` after it would read a name that may not "
@@ -240,14 +240,6 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     return True
 
 
-_EXITS = m.Expr(m.Call(func=m.Name("exit") | m.Name("quit") | m.Attribute(value=m.Name("sys"), attr=m.Name("exit"))))
-
-
-def _leaves(stmt: cst.SimpleStatementLine) -> bool:
-    """``raise ...``, ``return``, ``sys.exit(...)``: the path ends here."""
-    return any(isinstance(small, (cst.Raise, cst.Return)) or m.matches(small, _EXITS) for small in stmt.body)
-
-
 def _exhaustive_choices(facts: Facts):
     """A test of an ``if``/``elif`` chain with no ``else``: does the chain compare one option with
     every value its ``choices=[...]`` allow (DINO: ``if args.optimizer == "adamw": ... elif ... ==
@@ -282,31 +274,3 @@ def _exhaustive_choices(facts: Facts):
         return node is None and len(attrs) == 1 and next(iter(attrs)) in choices and choices[next(iter(attrs))] <= seen
 
     return exhaustive
-
-
-def _bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str, exhaustive=None) -> bool:
-    """Is ``name`` bound whatever path runs through ``stmts`` (both branches of an if/else, the
-    body of a ``with`` or ``try``)? A path that raises or leaves (``else: raise ValueError(...)``
-    after an ``if``/``elif`` per choice of an option) never reaches ``prepare``: it counts as bound."""
-    for stmt in stmts:
-        if isinstance(stmt, cst.SimpleStatementLine) and (binds(stmt, {name}) or _leaves(stmt)):
-            return True
-        if isinstance(stmt, cst.If) and exhaustive is not None and exhaustive(stmt):
-            branches_ = []
-            node_: object = stmt
-            while isinstance(node_, cst.If):
-                branches_.append(node_.body)
-                node_ = node_.orelse
-            if all(isinstance(b, cst.IndentedBlock) and _bound_on_all_paths(b.body, name, exhaustive) for b in branches_):
-                return True
-        if isinstance(stmt, cst.If) and stmt.orelse is not None:
-            branches = [stmt.body, stmt.orelse.body if isinstance(stmt.orelse, cst.Else) else None]
-            orelse = stmt.orelse
-            if isinstance(orelse, cst.If):  # elif: the rest of the chain is one statement
-                branches[1] = cst.IndentedBlock(body=[orelse])
-            if all(isinstance(b, cst.IndentedBlock) and _bound_on_all_paths(b.body, name, exhaustive) for b in branches):
-                return True
-        if isinstance(stmt, (cst.With, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
-            if _bound_on_all_paths(stmt.body.body, name, exhaustive):
-                return True
-    return False

@@ -132,6 +132,11 @@ def handed_away(facts, plan: Plan) -> set[int]:
         if not isinstance(facts.get_metadata(ParentNodeProvider, call, None), cst.Expr):
             continue
         models = [a.value for a in call.args if isinstance(a.value, cst.Name) and ref_of(facts, a.value) in plan.flow["model"]]
+        root = call.func
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if isinstance(root, cst.Name) and root.value == plan.accelerator.split(".")[0]:
+            continue  # `accelerator.print(model)`: the Accelerator's own
         if models and foreign_callee(facts, call.func):
             found.update(id(v) for v in models)
     return found

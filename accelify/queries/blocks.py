@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterator, Optional, Sequence, Union
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelify.queries.names import assigned_names, code_of, root_name
 from accelify.queries.refs import MODULE
@@ -151,3 +152,39 @@ def scope_root(module: cst.Module, key: str) -> Union[cst.Module, cst.FunctionDe
             return None
         body = found.body.body if isinstance(found.body, cst.IndentedBlock) else ()
     return found if isinstance(found, cst.FunctionDef) else None
+
+
+_EXITS = m.Expr(m.Call(func=m.Name("exit") | m.Name("quit") | m.Attribute(value=m.Name("sys"), attr=m.Name("exit"))))
+
+
+def _leaves(stmt: cst.SimpleStatementLine) -> bool:
+    """``raise ...``, ``return``, ``sys.exit(...)``: the path ends here."""
+    return any(isinstance(small, (cst.Raise, cst.Return)) or m.matches(small, _EXITS) for small in stmt.body)
+
+
+def bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str, exhaustive=None) -> bool:
+    """Is ``name`` bound whatever path runs through ``stmts`` (both branches of an if/else, the
+    body of a ``with`` or ``try``)? A path that raises or leaves (``else: raise ValueError(...)``
+    after an ``if``/``elif`` per choice of an option) never reaches ``prepare``: it counts as bound."""
+    for stmt in stmts:
+        if isinstance(stmt, cst.SimpleStatementLine) and (binds(stmt, {name}) or _leaves(stmt)):
+            return True
+        if isinstance(stmt, cst.If) and exhaustive is not None and exhaustive(stmt):
+            branches_ = []
+            node_: object = stmt
+            while isinstance(node_, cst.If):
+                branches_.append(node_.body)
+                node_ = node_.orelse
+            if all(isinstance(b, cst.IndentedBlock) and bound_on_all_paths(b.body, name, exhaustive) for b in branches_):
+                return True
+        if isinstance(stmt, cst.If) and stmt.orelse is not None:
+            branches = [stmt.body, stmt.orelse.body if isinstance(stmt.orelse, cst.Else) else None]
+            orelse = stmt.orelse
+            if isinstance(orelse, cst.If):  # elif: the rest of the chain is one statement
+                branches[1] = cst.IndentedBlock(body=[orelse])
+            if all(isinstance(b, cst.IndentedBlock) and bound_on_all_paths(b.body, name, exhaustive) for b in branches):
+                return True
+        if isinstance(stmt, (cst.With, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
+            if bound_on_all_paths(stmt.body.body, name, exhaustive):
+                return True
+    return False

@@ -105,6 +105,9 @@ def _calls_any(node: cst.CSTNode, names: set[str], objects: frozenset[str] = fro
             root = root_name(func.value)
             if root is not None and root.value in objects:
                 continue
+            if func.attr.value == "train" and len(call.args) == 1 and m.matches(  # type: ignore[attr-defined]
+                    call.args[0].value, m.Name("True") | m.Name("False")):  # type: ignore[attr-defined]
+                continue  # `g_running.train(False)`: `nn.Module.train(mode)`, whatever the object
         name = func.value if isinstance(func, cst.Name) else func.attr.value
         if name in names:
             return True
