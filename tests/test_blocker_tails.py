@@ -515,3 +515,40 @@ def test_the_accelerators_own_print_of_the_model_is_left_alone() -> None:
     result = convert_source(script(MODEL + "    print(model)\n"), "train.py")
     assert "    accelerator.print(model)\n" in result.output
     assert_stable(result.output)
+
+
+def test_a_loader_a_class_keeps_from_another_modules_function_is_named(tmp_path) -> None:
+    """BetaVAE (hand-fixed): `self.data_loader = return_data(args)` of dataset.py, which runs a download: ACC124
+    said the loop "runs over `self.data_loader`, not over a DataLoader"; it is one accelify cannot vouch for."""
+    (tmp_path / "dataset.py").write_text(
+        "import subprocess\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "def return_data(n):\n    subprocess.call(['./download.sh'])\n    data = torch.randn(n, 4)\n"
+        "    return DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)\n")
+    source = HEAD + """from dataset import return_data
+
+
+class Solver:
+    def __init__(self):
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.data_loader = return_data(32)
+        self.model = torch.nn.Linear(4, 2).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+
+    def train(self):
+        for x, y in self.data_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+
+
+if __name__ == "__main__":
+    Solver().train()
+"""
+    (tmp_path / "solver.py").write_text(source)
+    result = convert_source(source, str(tmp_path / "solver.py"))
+    assert not result.changed
+    codes = [f.code for f in result.findings]
+    assert "ACC124" not in codes and "ACC135" in codes, [f.message for f in result.findings]
+    assert "`return_data(32)`, a function of `dataset`" in next(f for f in result.findings if f.code == "ACC135").message

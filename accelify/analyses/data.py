@@ -480,7 +480,8 @@ def _foreign_source(facts: Facts, iterable: cst.BaseExpression) -> Optional[tupl
     for _ in range(4):
         if isinstance(expr, cst.Call):
             break
-        values = facts.bound_values(expr) or _handed(facts, expr) or _unpacked_from_call(facts, expr)
+        values = (facts.bound_values(expr) or _handed(facts, expr) or _unpacked_from_call(facts, expr)
+                  or _self_attribute_values(facts, expr))
         if len(values) != 1:
             return None
         expr = peel_iterable(facts, values[0])
@@ -491,6 +492,15 @@ def _foreign_source(facts: Facts, iterable: cst.BaseExpression) -> Optional[tupl
         return None
     module = _foreign_module(facts, func)
     return (expr, module) if module is not None else None
+
+
+def _self_attribute_values(facts: Facts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``self.data_loader``: the values its class assigns it (BetaVAE's ``self.data_loader =
+    return_data(args)`` in ``Solver.__init__``)."""
+    if not (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self"):
+        return []
+    ref = ref_of(facts, expr)
+    return [a.value for a in facts.assigns.get(ref, [])] if ref is not None else []
 
 
 def _handed(facts: Facts, expr: cst.BaseExpression) -> list[cst.BaseExpression]:

@@ -16,8 +16,9 @@ function the script calls, :class:`Foreign` parses its module once and answers:
   (``format_time``): every process would print it; the script's call goes under ``if
   accelerator.is_main_process:`` as for a writer;
 - ``unsafe``: it places tensors, trains, downloads or unpacks data (``download=True``,
-  ``urlretrieve``, ``extractall``), makes a directory without ``exist_ok=True`` or manages
-  processes: none of the above is claimed for it (ACC135 still says why the file is left).
+  ``urlretrieve``, ``extractall``), runs a command (``subprocess``, ``os.system``), makes a directory
+  without ``exist_ok=True`` or manages processes: none of the above is claimed for it (ACC135 still
+  says why the file is left).
 
 Only what the function itself does is read, not the functions it calls: one that calls another
 function of the project is ``unsafe``.
@@ -46,7 +47,9 @@ _TRAINS = frozenset({"backward", "step", "zero_grad", "all_reduce", "all_gather"
 
 #: what downloads or unpacks data (every process would, at once)
 _FETCHES = ("urllib.", "requests.", "wget.", "gdown.", "torch.hub.", "huggingface_hub.", "datasets.load_dataset",
-            "zipfile.", "tarfile.", "shutil.unpack_archive", "torchvision.datasets.utils.download")
+            "zipfile.", "tarfile.", "shutil.unpack_archive", "torchvision.datasets.utils.download",
+            # a command run from Python (BetaVAE's `subprocess.call(['./download_dsprites.sh'])`): anything
+            "subprocess.", "os.system", "os.popen")
 _FETCHES_ATTRS = frozenset({"download", "extractall", "extract"})
 
 
