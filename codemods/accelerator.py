@@ -79,7 +79,7 @@ class AddAccelerator(AccelifyCodemod):
         for block in setup_blocks(root):
             hits = [
                 i for i, stmt in enumerate(block.body)
-                if binds(stmt, names) or (not isinstance(stmt, cst.FunctionDef) and self._uses_accelerator(stmt))
+                if binds(stmt, names) or (not isinstance(stmt, cst.FunctionDef) and self._uses_accelerator(stmt, block))
             ]
             if hits and all(any(binds(block.body[i], {n}) for i in hits) for n in names):
                 best = (block, hits[0])
@@ -99,7 +99,7 @@ class AddAccelerator(AccelifyCodemod):
         # It goes before the first training object when it can; an argument bound after that
         # (`args.cuda = ...` below the DataLoaders) puts it later, if nothing reads it before.
         reading = next((i for i, stmt in enumerate(block.body)
-                        if not isinstance(stmt, cst.FunctionDef) and self._uses_accelerator(stmt)), len(block.body))
+                        if not isinstance(stmt, cst.FunctionDef) and self._uses_accelerator(stmt, block)), len(block.body))
         if any(i >= reading and binds(block.body[i], self.plan.argument_names, read) for i in arguments):
             raise RuntimeError("an argument of the Accelerator is bound after its first use")
         arguments = [i for i in arguments if i < first_use or binds(block.body[i], self.plan.argument_names, read)]
@@ -135,7 +135,8 @@ class AddAccelerator(AccelifyCodemod):
             if at is None:
                 continue
             first = next((i for i, stmt in enumerate(block.body[:at])
-                          if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and self._uses_accelerator(stmt)), None)
+                          if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and self._uses_accelerator(stmt, block)),
+                         None)
             if first is None:
                 return module
             read = _read_chains(self.plan.accelerator_args())
@@ -154,14 +155,27 @@ class AddAccelerator(AccelifyCodemod):
     def _import(self) -> None:
         add_accelerator_imports(self.context, self.plan)
 
-    def _uses_accelerator(self, stmt: cst.BaseStatement) -> bool:
-        """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``)?"""
-        quiet = self.shared.quiet_uses
+    def _uses_accelerator(self, stmt: cst.BaseStatement, block: Optional[Block] = None) -> bool:
+        """Does ``stmt`` read the Accelerator (``accelerator.x``, not ``torch.accelerator.x``), itself or
+        through a function defined in ``block`` that it calls (PointNet's ``log_string``, whose ``print`` is
+        ``accelerator.print`` now: called before the Accelerator exists, a NameError)?"""
+        if self._reads_accelerator(stmt):
+            return True
+        if block is None:
+            return False
+        # (a print there counts: it runs wherever the function is called, and nothing puts it back)
+        closures = {s.name.value for s in block.body
+                    if isinstance(s, cst.FunctionDef) and self._reads_accelerator(s.body, quiet=False)}
+        return bool(closures) and any(isinstance(c.func, cst.Name) and c.func.value in closures
+                                      for c in findall(stmt, m.Call()))  # type: ignore[attr-defined]
+
+    def _reads_accelerator(self, node: cst.CSTNode, quiet: bool = True) -> bool:
+        quiet = self.shared.quiet_uses if quiet else set()
         if self.plan.class_mode:
             return any(id(a.value) not in quiet for a in findall(
-                stmt, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))))
+                node, m.Attribute(value=m.Name("self"), attr=m.Name("accelerator"))))
         name = self.plan.accelerator.split(".")[0]
-        return any(n.value == name and id(n) not in quiet for n in read_names(stmt))
+        return any(n.value == name and id(n) not in quiet for n in read_names(node))
 
 
 def _read_chains(arguments: str) -> set[str]:

@@ -19,7 +19,7 @@ from accelify.queries.loops import peel_iterable
 from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
 from accelify.queries.refs import assigned_values, key_at, ref_of
 from accelify.queries.settings import SETTINGS_WRITERS, same_on_every_process
-from accelify.queries.training import setup_blocks
+from accelify.queries.training import BACKWARD, setup_blocks
 from accelify.queries.trees import Item
 from accelify.queries.walk import findall
 
@@ -37,6 +37,9 @@ _TENSORBOARD = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.
                           "tensorboardX.SummaryWriter"})
 #: loggers every process would run: left to the user (ACC127) but for the TensorBoard writers above
 _LOGGERS = _TENSORBOARD | frozenset({"wandb.init", "mlflow.start_run"})
+#: handlers that write the standard library's log records to a file (codesearch, PointNet, ODE-Net)
+_LOG_FILES = frozenset({"logging.FileHandler", "logging.handlers.RotatingFileHandler",
+                        "logging.handlers.TimedRotatingFileHandler"})
 #: calls every process must make: a logging statement that makes one cannot go under the main process
 _COLLECTIVE_CALLS = COLLECTIVES | frozenset({"all_reduce", "all_gather", "barrier", "broadcast", "check_trigger"})
 
@@ -69,7 +72,8 @@ class MainProcessFiles(AccelifyCodemod):
     on every process) is written by the main process; so is a log (``with open(logname, "a") as f:``
     whose body only writes to ``f``, ``csv.writer(f).writerow(...)`` included, a path the script never
     reads back): rank 0's values, as ``accelerator.print`` shows them, once.  Any other file opened for
-    writing is left with ACC127.  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
+    writing is left with ACC127, and so is a ``logging.FileHandler`` (every process's records in one
+    file).  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
     (``writer.add_scalar(...)``) is created and written by the main process; an optional one
     (``SummaryWriter(...) if args.log else None``, used under ``if writer is not None:``) gets the
     main process as one more condition.  A call of another module's function that writes files
@@ -112,7 +116,7 @@ class MainProcessFiles(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return bool(plan.foreign_writers) or any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run",
+        return bool(plan.foreign_writers) or any(word in code for word in ("save", "mkdir", "makedirs", "open(", "download", "Writer", "init(", "start_run", "Handler", "basicConfig",
                                              *_TABLE_WRITERS))
 
     def _writer(self, stmt: cst.CSTNode) -> bool:
@@ -299,6 +303,11 @@ class MainProcessFiles(AccelifyCodemod):
         if names & _LOGGERS:
             what = f"`{cst.Module(body=[]).code_for_node(node.func)}(...)`: every process logs"
             how = "create it and log under `if accelerator.is_main_process:` (or use `Accelerator(log_with=...)`)"
+        elif names & _LOG_FILES or (names & {"logging.basicConfig"} and any(
+                a.keyword is not None and a.keyword.value == "filename" for a in node.args)):
+            what = f"`{cst.Module(body=[]).code_for_node(node.func)}(...)`: every process writes that log file"
+            how = ("attach the file handler on the main process only (`if accelerator.is_main_process:`), or log "
+                   "with `accelerate.logging.get_logger(__name__)`, which logs on the main process")
         elif names & {"builtins.open", "open"} and len(node.args) > 1 and (mode := string_value(node.args[1].value)) and set(mode) & set("wax"):
             if self.plan.evaluation and self._evaluation_file(node):
                 return
@@ -310,7 +319,7 @@ class MainProcessFiles(AccelifyCodemod):
                 return  # a log of the run (a CSV of the epochs' metrics): written by the main process
             what = f"a file opened with mode {mode!r}: every process writes it"
             how = "write it under `if accelerator.is_main_process:` when its content is the same on every process"
-        elif self.plan.evaluation and self._per_batch_write(node):
+        elif (self.plan.evaluation or self._in_evaluation_loop(node)) and self._per_batch_write(node):
             return
         elif _downloads(node) and id(statement_line(self, node)) not in self._first \
                 and not self._main_process_first(node) and not self._helper_guarded(node):
@@ -561,6 +570,12 @@ class MainProcessFiles(AccelifyCodemod):
 
     def _in_loop(self, node: cst.CSTNode) -> bool:
         return next(self._loops(node), None) is not None
+
+    def _in_evaluation_loop(self, node: cst.CSTNode) -> bool:
+        """In a loop over a prepared loader that runs no backward (kws's ``test(..., save=path)``, writing a
+        line per sample with the batch's own file names beside its predictions)."""
+        return any(isinstance(loop, cst.For) and self._over_loader(loop) and not findall(loop, BACKWARD)
+                   for loop in self._loops(node))
 
     def _in_loader_loop(self, node: cst.CSTNode) -> bool:
         return any(isinstance(loop, cst.For) and self._over_loader(loop) for loop in self._loops(node))

@@ -264,6 +264,9 @@ class Saving(AccelifyCodemod):
             )
             return updated
         if model is None and not state:
+            if accelerator is not None and not under_main_process_check(self, original_node):
+                # another object (`{"epoch": epoch}`): the main process writes it (ACC017); a later load waits
+                self._unsynced = True
             return updated
         handle = self._opened_handle(call)
         if handle is not None:

@@ -298,7 +298,8 @@ if __name__ == "__main__":
     assert not result.changed
     [finding] = result.findings
     assert finding.code == "ACC123" and "`test` is handed the prepared DataLoader `loader` in `main`" in finding.message
-    assert "here in `evaluate_only`" in finding.message
+    assert "here in `evaluate_only` (which nothing in this file calls)" in finding.message  # ProtoNet's `eval`
+    assert finding.suggestion.startswith("remove `evaluate_only` if it is unused, or prepare")
 
 
 @pytest.mark.parametrize("shape, why", [
@@ -552,3 +553,125 @@ if __name__ == "__main__":
     codes = [f.code for f in result.findings]
     assert "ACC124" not in codes and "ACC135" in codes, [f.message for f in result.findings]
     assert "`return_data(32)`, a function of `dataset`" in next(f for f in result.findings if f.code == "ACC135").message
+
+
+def test_a_local_function_that_prints_pulls_the_accelerator_up_to_its_first_call() -> None:
+    """PointNet: `def log_string(s): logger.info(s); print(s)` inside `main`, called before the training
+    objects: its print became `accelerator.print`, and the first call raised NameError (the Accelerator was
+    created after it). The file handler it logs to is reported: every process writes that log file."""
+    source = HEAD + """import logging
+
+
+def main():
+    def log_string(text):
+        logger.info(text)
+        print(text)
+
+    logger = logging.getLogger("train")
+    logger.addHandler(logging.FileHandler("log.txt"))
+    log_string("PARAMETER ...")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
+""" + MODEL + LOOP + """    log_string("done")
+
+
+if __name__ == "__main__":
+    main()
+"""
+    result = convert_source(source, "train.py")
+    assert result.changed
+    lines = result.output.splitlines()
+    assert lines.index("    accelerator = Accelerator()") < lines.index('    log_string("PARAMETER ...")')
+    assert "        accelerator.print(text)" in lines
+    [finding] = [f for f in result.findings if f.code == "ACC127"]
+    assert "`logging.FileHandler(...)`: every process writes that log file" in finding.message
+    assert_stable(result.output)
+
+
+def test_a_file_the_main_process_saves_is_waited_for_before_every_process_loads_it() -> None:
+    """kws: `torch.save(state, 'ckpt.t7')` (not a model: the main process writes it) when a metric improves,
+    `torch.load('ckpt.t7')` after training on every process, with no barrier: FileNotFoundError on rank 1."""
+    after = """\
+        if loss.item() > best:
+            best = loss.item()
+            torch.save({"loss": best}, "ckpt.t7")
+    state = torch.load("ckpt.t7")
+    print(state["loss"])
+"""
+    body = MODEL + "    best = 0.0\n"
+    source = script(body, after="").replace(LOOP, "    for epoch in range(2):\n" + LOOP.replace("\n    ", "\n        ")
+                                            .replace("    for x, y", "        for x, y", 1) + after)
+    compile(source, "train.py", "exec")
+    result = convert_source(source, "train.py")
+    assert result.changed, [f.message for f in result.findings]
+    lines = result.output.splitlines()
+    load = lines.index('    state = torch.load("ckpt.t7")')
+    assert lines[load - 1] == "    accelerator.wait_for_everyone()"
+    assert "                torch.save({\"loss\": best}, \"ckpt.t7\")" in lines  # under the main process
+
+
+def test_results_written_per_batch_by_a_training_scripts_evaluation_loop_are_refused() -> None:
+    """kws: `test(..., save=path)` prints `key,label` per sample into a CSV in the loop over the prepared test
+    loader; gathered predictions were zipped with the process's own keys, and the file held one shard's rows."""
+    after = """\
+    with open("preds.csv", "w") as csv:
+        with torch.no_grad():
+            for x, y in loader:
+                x = x.to(device)
+                pred = model(x).argmax(1)
+                for i, label in enumerate(pred):
+                    print(i, int(label), file=csv)
+"""
+    result = convert_source(script(MODEL, after=after), "train.py")
+    assert not result.changed
+    assert "ACC131" in [f.code for f in result.findings]
+
+
+EPISODES = HEAD + """
+
+class Episodes:
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        for start in range(0, 32, 8):
+            yield list(range(start, start + 8))
+
+    def __len__(self):
+        return 4
+
+
+def test(loader, model, device):
+    accs = []
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            output = model(x)
+            accs.append((output.argmax(1) == y).float().mean().item())
+    print("accuracy", sum(accs) / len(accs))
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_sampler={sampler})
+""" + MODEL + LOOP + """    test(loader, model, device)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_metrics_over_batches_a_sampler_of_its_own_builds_are_not_gathered() -> None:
+    """ProtoNet: `DataLoader(dataset, batch_sampler=PrototypicalBatchSampler(...))`, one few-shot episode per
+    batch; the prototypical loss gathered two processes' episodes into one."""
+    result = convert_source(EPISODES.replace("{sampler}", "Episodes(32)"), "train.py")
+    assert not result.changed
+    [finding] = result.findings
+    assert finding.code == "ACC114" and "a batch sampler of its own (`Episodes(32)`)" in finding.message
+    plain = EPISODES.replace("{sampler}", "torch.utils.data.BatchSampler(range(32), 8, False)")
+    result = convert_source(plain, "train.py")
+    assert result.changed, [f.message for f in result.findings]
+    assert "accelerator.gather_for_metrics" in result.output

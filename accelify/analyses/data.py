@@ -320,6 +320,24 @@ def _hand_made_input(facts: Facts, plan: Plan):
     return None
 
 
+def custom_batch_sampler(facts: Facts) -> Optional[str]:
+    """The batch sampler of its own a DataLoader of the file is built with (ProtoNet's ``DataLoader(dataset,
+    batch_sampler=PrototypicalBatchSampler(...))``: each batch one few-shot episode), as written; None when
+    there is none (``torch.utils.data.BatchSampler`` only groups indices: no structure a metric reads)."""
+    for call in facts.calls:
+        if not has_qname(facts, call.func, DATALOADERS):
+            continue
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "batch_sampler":
+                values = [arg.value, *facts.bound_values(arg.value)]
+                if not any(isinstance(v, cst.Call) and has_qname(facts, v.func, _TORCH_BATCH_SAMPLERS) for v in values):
+                    return code_of(arg.value)
+    return None
+
+
+_TORCH_BATCH_SAMPLERS = frozenset({"torch.utils.data.BatchSampler", "torch.utils.data.sampler.BatchSampler"})
+
+
 def rebound_loaders(facts: Facts, plan: Plan) -> bool:
     """False (ACC123) when a function handed a prepared DataLoader binds that parameter again (StyleGAN's
     ``loader = sample_data(dataset, batch_size, resolution)`` at each new resolution): the new loader never

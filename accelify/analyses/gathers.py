@@ -184,6 +184,9 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     metrics = [i for i, (_, s) in enumerate(rows) if _metric(s) and _reads(s) & derived]
     if not metrics:
         return None
+    if plan.batch_sampler is not None:
+        return (f"the loader's batches come from a batch sampler of its own (`{plan.batch_sampler}`): each batch is a "
+                "unit it builds (an episode), and gathered, the batches of every process would be scored as one")
     exit_ = _early_exit(loop)
     if exit_ is not None:
         return (f"the loop can stop before the end of the loader (`{exit_}`): over a prepared loader each process "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import ScopeProvider
 
 from accelify.analyses.device_kinds import is_option_device
 from accelify.analyses.facts import KINDS, Facts, chain_root, param_names
@@ -78,16 +79,29 @@ def mixed_loaders(facts: Facts, plan: Plan) -> bool:
             prepared = [(call, a) for call, a in given if ref_of(facts, a) in plan.flow["loader"]]
             other = next(((call, a) for call, a in given if ref_of(facts, a) not in plan.flow["loader"]), None)
             if prepared and other is not None:
+                dead = _never_runs(facts, other[0])
                 facts.finding(
                     plan, other[0], "ACC123",
                     f"`{name}` is handed the prepared DataLoader `{code_of(prepared[0][1])}` in "
                     f"`{key_at(facts, prepared[0][0])}` (line {facts.line(prepared[0][0])}) and `{code_of(other[1])}`, "
-                    f"which is not prepared, here in `{key_at(facts, other[0])}`: converted for one of them, it would "
-                    "count one process's shard with no gather, or gather what was never sharded. File not converted.",
-                    f"prepare the loader this call hands `{name}` too, or give the two uses functions of their own.",
+                    f"which is not prepared, here in `{key_at(facts, other[0])}`"
+                    + (" (which nothing in this file calls)" if dead else "")
+                    + ": converted for one of them, it would count one process's shard with no gather, or gather what "
+                    "was never sharded. File not converted.",
+                    (f"remove `{(key_at(facts, other[0]) or '').split('.')[0]}` if it is unused, or " if dead else "")
+                    + f"prepare the loader this call hands `{name}` too, or give the two uses functions of their own.",
                 )
                 return False
     return True
+
+
+def _never_runs(facts: Facts, call: cst.Call) -> bool:
+    """Is ``call`` in a module-level function of the file that nothing names (ProtoNet's ``eval(opt)``, which
+    no line calls)?"""
+    top = (key_at(facts, call) or "").split(".")[0]
+    func = facts.functions.get(top)
+    scope = facts.get_metadata(ScopeProvider, func, None) if func is not None else None
+    return scope is not None and all(not a.references for a in scope[top])
 
 
 def _constructor(facts: Facts, name: str) -> Optional[cst.FunctionDef]:

@@ -101,6 +101,9 @@ class Plan:
     #: ids of statement calls of another module's function that writes files (accelify.analyses.foreign):
     #: the main process makes them (ACC017)
     foreign_writers: set[int] = field(default_factory=set)
+    #: a batch sampler of its own a DataLoader is built with (episodes): gathered, batches of several processes
+    #: would be scored as one (accelify.analyses.gathers refuses, ACC114)
+    batch_sampler: Optional[str] = None
     #: ids of the prepared models handed to another module's code in a statement call (``ema.step_ema(ema_model,
     #: model)``): they are handed ``accelerator.unwrap_model(model)`` (accelify.analyses.unwrapping, ACC016)
     handed_away: set[int] = field(default_factory=set)
@@ -290,6 +293,7 @@ def _decide(facts: Facts) -> Plan:
         if plan.method_mode and not prepare_point.init_objects(facts, plan):
             return False
         plan.flow["loader"] = plan.refs(plan.dataloaders)
+        plan.batch_sampler = data.custom_batch_sampler(facts)
         plan.flow["model"] = plan.refs(plan.models)
         return True
 

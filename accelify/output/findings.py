@@ -94,7 +94,8 @@ FINDINGS: dict[str, str] = {
     "f)`): saved once, the other processes would still truncate it.",
     "ACC130": "The script reads back the sampler a prepared DataLoader was built with (`len(loader.sampler)`): "
     "after `prepare` the loader's `.sampler` is another one, over the whole dataset: file left unchanged.",
-    "ACC131": "An evaluation writes its results batch by batch inside the loop over the prepared DataLoader (`f.write` "
+    "ACC131": "An evaluation (a script, or a loop of a training script that runs no backward) writes its results batch "
+    "by batch inside the loop over the prepared DataLoader (`f.write` "
     "per batch): each process would write its own shard into the same file: file left unchanged.",
     "ACC132": "An inference loop over a list (`for prompt in prompts:`) that runs the model cannot be split between "
     "the processes with the same result (it prints or writes per item, adds up a counter, stops early, reads its "
