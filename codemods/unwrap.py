@@ -72,23 +72,24 @@ class UnwrapModelAttributes(AccelifyCodemod):
         of another module gets the model itself (accelify.analyses.unwrapping.handed_away)."""
         if id(original_node.value) not in self.plan.handed_away or self.inside(original_node, self._plain):
             return updated_node
-        accelerator = self.accelerator_at(original_node)
-        if accelerator is None:
-            return updated_node
-        model = cst.Module(body=[]).code_for_node(updated_node.value)
-        self.change(original_node, f"`{model}` handed to another module's code as `{accelerator}.unwrap_model({model})`")
-        unwrapped = cst.Call(func=cst.parse_expression(f"{accelerator}.unwrap_model"), args=[cst.Arg(updated_node.value)])
-        return updated_node.with_changes(value=unwrapped)
+        return self._unwrapped(original_node, updated_node, "`{model}` handed to another module's code as "
+                               "`{accelerator}.unwrap_model({model})`")
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         if not model_attribute(self, original_node, self.plan) or self.inside(original_node, self._plain):
             return updated_node
         if why_not_unwrapped(self, original_node, self.plan) is not None:
             return updated_node  # the analysis refused the file
+        attr = original_node.attr.value
+        return self._unwrapped(original_node, updated_node, f"`{{model}}.{attr}` -> `{{accelerator}}.unwrap_model({{model}}).{attr}`")
+
+    def _unwrapped(self, original_node, updated_node, change: str):
+        """``updated_node`` with its ``value`` (the model) read through ``accelerator.unwrap_model(...)``; as it
+        is where the code cannot reach the Accelerator."""
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
             return updated_node
         model = cst.Module(body=[]).code_for_node(updated_node.value)
-        self.change(original_node, f"`{model}.{original_node.attr.value}` -> `{accelerator}.unwrap_model({model}).{original_node.attr.value}`")
+        self.change(original_node, change.format(model=model, accelerator=accelerator))
         unwrapped = cst.Call(func=cst.parse_expression(f"{accelerator}.unwrap_model"), args=[cst.Arg(updated_node.value)])
         return updated_node.with_changes(value=unwrapped)

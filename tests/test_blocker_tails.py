@@ -675,3 +675,35 @@ def test_metrics_over_batches_a_sampler_of_its_own_builds_are_not_gathered() -> 
     result = convert_source(plain, "train.py")
     assert result.changed, [f.message for f in result.findings]
     assert "accelerator.gather_for_metrics" in result.output
+
+
+def test_an_early_stop_on_a_gathered_evaluation_is_not_reported_as_per_process() -> None:
+    """textCNN: `dev_acc = eval(dev_iter, model, args)` gathers its metrics, then `if steps - last_step >=
+    early_stop: return`: ACC119 said each process decides on its own shard (a false warning on a file
+    verified on two processes). The saves under such a test keep their own, stricter rule."""
+    functions = """
+
+def evaluate(model, loader, device):
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            output = model(x)
+            correct += (output.argmax(1) == y).sum().item()
+            total += len(y)
+    return correct / total
+"""
+    after = """\
+        acc = evaluate(model, loader, device)
+        if acc < 0.1:
+            return
+"""
+    source = script(MODEL, functions=functions).replace(LOOP, "    for epoch in range(3):\n" + LOOP.replace(
+        "\n    ", "\n        ").replace("    for x, y", "        for x, y", 1) + after)
+    compile(source, "train.py", "exec")
+    result = convert_source(source, "train.py")
+    assert result.changed, [f.message for f in result.findings]
+    assert "ACC119" not in [f.code for f in result.findings]
+    assert "accelerator.gather_for_metrics" in result.output
+    per_process = source.replace("        acc = evaluate(model, loader, device)\n", "        acc = loss.item()\n")
+    assert "ACC119" in [f.code for f in convert_source(per_process, "train.py").findings]

@@ -51,11 +51,15 @@ def _early_stops(source: str) -> list:
     return [f for f in convert(source).findings if f.code == "ACC119"]
 
 
+PER_PROCESS = SCRIPT.replace("        val_loss = evaluate(model, val_loader)\n", "        val_loss = loss.item()\n")
+
+
 def test_per_process_values_are_reported_and_counters_are_not() -> None:
-    findings = _early_stops(SCRIPT)
-    lines = SCRIPT.splitlines()
-    # the loss test leaves the loop on every process together (ACC026, below); the patience test, under
-    # an `else:` only some processes reach, is reported; the step counter is the same everywhere
+    findings = _early_stops(PER_PROCESS)
+    lines = PER_PROCESS.splitlines()
+    # the loss test leaves the loop on every process together (ACC026, below); the patience test on the
+    # last batch's loss, under an `else:` only some processes reach, is reported; the step counter is the
+    # same everywhere
     assert [lines[f.line - 1].strip() for f in findings] == ["break"]
     assert [f.line for f in findings] == [35]
     assert "`bad_epochs`" in findings[0].message
@@ -81,8 +85,12 @@ def test_a_gathered_value_is_the_same_everywhere() -> None:
     source = "from accelerate import Accelerator\n" + source
     assert "accelerator.backward(loss)" in convert(source).output
     assert _early_stops(source) == []
-    # the same script without the gather: reported
-    assert len(_early_stops(source.replace("accelerator.gather(evaluate(model, val_loader))", "evaluate(model, val_loader)"))) == 1
+    # `evaluate` gathers its metrics itself once converted (accelify.analyses.gathers): the same everywhere too
+    assert _early_stops(source.replace("accelerator.gather(evaluate(model, val_loader)).mean().item()",
+                                       "evaluate(model, val_loader)")) == []
+    # the last training batch's loss instead: each process's own, reported
+    assert len(_early_stops(source.replace("accelerator.gather(evaluate(model, val_loader)).mean().item()",
+                                           "loss.item()"))) == 1
 
 
 def test_the_trigger_pattern_is_not_reported() -> None:
@@ -95,5 +103,5 @@ def test_the_trigger_pattern_is_not_reported() -> None:
 
 
 def test_a_loop_that_does_not_train_is_not_reported() -> None:
-    source = SCRIPT + "\n\ndef search(items):\n    for item in items:\n        if item.score() > 0:\n            break\n"
+    source = PER_PROCESS + "\n\ndef search(items):\n    for item in items:\n        if item.score() > 0:\n            break\n"
     assert len(_early_stops(source)) == 1  # the patience test only (the loss test is taken together)

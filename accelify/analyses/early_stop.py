@@ -23,6 +23,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
+from accelify.analyses.gathers import Gather, find_gather
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import assigned_names, qualified_names
 from accelify.queries.records import RawFinding
@@ -53,10 +54,16 @@ def _reads(expr: cst.CSTNode) -> Iterator[str]:
 
 
 class EarlyStops:
-    def __init__(self, visitor: cst.MetadataDependent, plan, module: cst.Module, loops: list[Loop], exits: list[cst.CSTNode]):
+    def __init__(self, visitor: cst.MetadataDependent, plan, module: cst.Module, loops: list[Loop], exits: list[cst.CSTNode],
+                 trust_gathers: bool = False):
+        """``trust_gathers``: a value a function of the file returns from gathered metrics is the same on every
+        process (for ACC119's report only: the codemods that place a barrier on such a decision do not
+        rely on it, since a function may return something else beside its metric)."""
         self.visitor, self.plan, self.module = visitor, plan, module
+        self.trust_gathers = trust_gathers
         self.loops, self.exits = loops, exits
         self._taint: dict[int, set[str]] = {}
+        self._gathering: Optional[set[str]] = None
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.visitor.get_metadata(ParentNodeProvider, node, None)
@@ -150,6 +157,9 @@ class EarlyStops:
             guards = self._guards(node, root)
             if isinstance(node, cst.Assign):
                 names = [n for t in node.targets for n in assigned_names(t.target)]
+                if self._gathered_result(node.value):
+                    bindings.append((names, guards))  # `dev_acc = eval(dev_iter, model)`: computed from gathers
+                    continue
                 bindings.append((names, [node.value, *guards]))
             elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
                 if node.value is not None:
@@ -174,6 +184,22 @@ class EarlyStops:
                     changed = True
         self._taint[id(root)] = tainted
         return tainted
+
+    def _gathered_result(self, value: cst.BaseExpression) -> bool:
+        """``eval(dev_iter, model, args)``: a call of a function of the file whose every loop over a prepared
+        loader gathers its metrics (accelify.analyses.gathers): what it returns is the same on every process
+        (textCNN's early stop on the gathered dev accuracy was reported as a per-process decision)."""
+        if not self.trust_gathers or not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+            return False
+        if self._gathering is None:
+            self._gathering = set()
+            for function in self.module.body:
+                if not isinstance(function, cst.FunctionDef):
+                    continue
+                loops = [loop for loop in findall(function.body, m.For()) if self._over_loader(loop)]  # type: ignore[arg-type]
+                if loops and all(isinstance(find_gather(self.visitor, loop, self.plan), Gather) for loop in loops):  # type: ignore[arg-type]
+                    self._gathering.add(function.name.value)
+        return value.func.value in self._gathering and ref_of(self.visitor, value.func) == (MODULE, value.func.value)
 
     def _guards(self, node: cst.CSTNode, root: cst.CSTNode) -> list[cst.BaseExpression]:
         tests = []

@@ -123,7 +123,7 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
     from accelify.analyses.early_stop import EarlyStops
 
     plan.findings.extend(
-        EarlyStops(facts, plan, facts.module, [*facts.loops, *facts.whiles], facts.exits).findings()
+        EarlyStops(facts, plan, facts.module, [*facts.loops, *facts.whiles], facts.exits, trust_gathers=True).findings()
     )
     refused = _wrapped_model_attributes(facts, plan) or _evaluated_by_one_process(facts, plan)
     for call in facts.calls:
