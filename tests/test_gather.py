@@ -166,3 +166,40 @@ def test_a_ranking_along_a_dimension_of_each_sample_is_gathered() -> None:
         "        total += (top == y.unsqueeze(1)).any(dim=1).sum().item()\n")
     result = convert(source)
     assert result.changed and "gather_for_metrics((top, y))" in result.output, result.output
+
+
+def test_item_of_a_model_output_is_one_number_per_batch_and_is_not_gathered() -> None:
+    """`total += model(x, y).item()` in an evaluation loop: the model computes one loss per batch; gathered, it
+    held one per process and `.item()` of it raised on two processes (the conversion had gathered it)."""
+    from accelify.core.pipeline import convert_source
+
+    source = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+def evaluate(model, loader):
+    total = 0.0
+    for x, y in loader:
+        total += model(x, y).item()
+    return total / len(loader)
+
+
+def main():
+    loader = DataLoader(make_dataset(), batch_size=8)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+    print(evaluate(model, loader))
+
+
+if __name__ == "__main__":
+    main()
+"""
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    finding = next(f for f in result.findings if f.code == "ACC114")
+    assert "they read `model(x, y).item()`: one number per batch" in finding.message

@@ -251,6 +251,15 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
                 return (f"they slice the first dimension of `{sub.value.value}` (`{code}`): gathered, it holds "  # type: ignore[attr-defined]
                         "every process's rows one after the other (or it is not the sample dimension at all, "
                         "as in time-major sequences), so the slice would take other values")
+    # `total += model(x, y).item()`: the output is one number per batch (a loss the model computes); gathered,
+    # it holds one per process, and `.item()` of it raises
+    single = [c for s in later for c in findall(s, m.Call(func=m.Attribute(attr=m.Name("item"))))
+              if c.func.value is inline or (isinstance(c.func.value, cst.Name)  # type: ignore[attr-defined]
+                                            and c.func.value.value in gathered)]  # type: ignore[attr-defined]
+    if single:
+        code = cst.Module(body=[]).code_for_node(single[0])
+        return (f"they read `{code}`: one number per batch (a loss the model computes), which gathered holds one "
+                "number per process, and `.item()` of that raises")
     across = _across_samples([s for _, s in rows[call_at:]], derived)
     if across is not None:
         return across

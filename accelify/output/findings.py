@@ -44,7 +44,8 @@ FINDINGS: dict[str, str] = {
     "too slowly with N processes. Otherwise `prepare` goes after it and takes it too.",
     "ACC114": "Evaluation metrics over a prepared dataloader that accelify cannot gather (code that cannot reach "
     "the Accelerator, no `output = model(...)` to gather, a metric before the model runs, an output read whole and "
-    "in parts, gathered values also used by other code or sliced along their first dimension), an evaluation loop "
+    "in parts, gathered values also used by other code or sliced along their first dimension, a model output read "
+    "with `.item()`: one number per batch, a loader with a batch sampler of its own), an evaluation loop "
     "that stops after some batches (`if i >= n: break`: each process would stop in its own shard), or an evaluation "
     "run on the main process only (under `if rank == 0:`, where a gather would hang): each process would count its "
     "own shard only; file left unchanged.",
