@@ -25,9 +25,9 @@ from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
 
-#: pandas' writers, methods of a DataFrame whose type accelify cannot know: by name, with a path
 #: what writes a log's rows into a file handle (`csv.writer(f).writerow(...)`)
 _CSV_WRITERS = frozenset({"csv.writer", "csv.DictWriter"})
+#: pandas' writers, methods of a DataFrame whose type accelify cannot know: by name, with a path
 _TABLE_WRITERS = ("to_csv", "to_parquet", "to_json", "to_excel", "to_pickle", "to_feather")
 _MAKEDIRS = frozenset({"os.makedirs"})
 _MKDIR = frozenset({"os.makedirs", "os.mkdir"})

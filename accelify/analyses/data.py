@@ -214,11 +214,11 @@ def _module_device_placement(facts: Facts, plan: Plan) -> Optional[tuple[cst.Cal
     the conversion does not own. (A flat script's module-level device is the setup's own.)"""
     if plan.setup == MODULE:
         return None
-    devices = {name for (key, name), assigns in facts.assigns.items() if key == MODULE and assigns and all(
+    devices = {ref for ref, assigns in facts.assigns.items() if ref[0] == MODULE and assigns and all(
         classify_device(facts, a.value) is not None for a in assigns)}
     for call in facts.calls:
         if m.matches(call.func, m.Attribute(attr=m.Name("to") | m.Name("cuda"))) and call.args and isinstance(
-                call.args[0].value, cst.Name) and ref_of(facts, call.args[0].value) in {(MODULE, d) for d in devices}:
+                call.args[0].value, cst.Name) and ref_of(facts, call.args[0].value) in devices:
             return call, call.args[0].value.value
     return None
 

@@ -21,6 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
+from accelify.queries.names import param_names  # noqa: F401 (imported from here by the analyses)
 from accelify.queries.records import RawFinding
 from accelify.queries.refs import Ref, assigned_values, key_at, ref_of
 from accelify.queries.training import direct_calls, trainer_functions
@@ -158,11 +159,6 @@ def chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
         expr = expr.func.value
     return expr
-
-
-def param_names(func: cst.FunctionDef) -> list[str]:
-    p = func.params
-    return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
 
 
 def bind_arguments(

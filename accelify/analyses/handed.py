@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from accelify.analyses.facts import Facts, param_names
-from accelify.analyses.objects import Optimizers, _model_ref, is_scheduler
+from accelify.analyses.facts import Facts
+from accelify.analyses.helpers import why_no_accelerator
+from accelify.analyses.objects import Optimizers, _handed_in, _model_ref, is_scheduler
 from accelify.analyses.prepare_point import _exhaustive_choices
 from accelify.queries.blocks import bound_on_all_paths
 from accelify.queries.names import DATALOADERS, code_of, has_qname
@@ -50,16 +51,11 @@ if TYPE_CHECKING:
 def handed_models(facts: Facts, plan: Plan, optimizers: Optimizers) -> list[str]:
     """The parameters of the setup function that its optimizers train and that it never binds; empty
     unless every model is one (or the setup is no module-level function)."""
-    func = facts.functions.get(plan.setup)
-    if func is None or plan.class_mode:
-        return []
-    params = param_names(func)
     names: list[str] = []
     for _, models in optimizers.values():
         for model in models:
             ref = _model_ref(facts, model)
-            if ref is None or ref[0] != plan.setup or ref[1] not in params or any(
-                    facts.assign_key.get(id(a)) == plan.setup for a in facts.assigns.get(ref, [])):
+            if ref is None or ref[0] != plan.setup or not _handed_in(facts, plan, ref[1]):
                 return []
             if ref[1] not in names:
                 names.append(ref[1])
@@ -147,9 +143,7 @@ def reachable(facts: Facts, plan: Plan) -> bool:
     (ACC104) when one cannot."""
     for function, names in plan.late.items():
         if plan.accelerator_in(function) is None:
-            why = ("this file has no `if __name__ == \"__main__\":` guard: a module others may import, whose "
-                   "functions' signatures accelify does not change" if not facts.is_script else
-                   "it is called with `*args`, or already has a name `accelerator`")
+            why = why_no_accelerator(facts, plan, function)
             facts.finding(
                 plan, facts.assigns[(function, names[0])][0], "ACC104",
                 f"`{names[0]}` is built in `{function}` for the model it is handed, and `{function}` cannot be given "

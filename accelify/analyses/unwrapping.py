@@ -11,7 +11,7 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.data import foreign_callee
 from accelify.queries.blocks import scope_root
-from accelify.queries.names import has_qname
+from accelify.queries.names import has_qname, root_name
 from accelify.queries.refs import key_at, ref_of
 from accelify.queries.training import BACKWARD, locate_setup, rebound_region
 from accelify.queries.walk import findall
@@ -132,10 +132,8 @@ def handed_away(facts, plan: Plan) -> set[int]:
         if not isinstance(facts.get_metadata(ParentNodeProvider, call, None), cst.Expr):
             continue
         models = [a.value for a in call.args if isinstance(a.value, cst.Name) and ref_of(facts, a.value) in plan.flow["model"]]
-        root = call.func
-        while isinstance(root, cst.Attribute):
-            root = root.value
-        if isinstance(root, cst.Name) and root.value == plan.accelerator.split(".")[0]:
+        root = root_name(call.func)
+        if root is not None and root.value == plan.accelerator.split(".")[0]:
             continue  # `accelerator.print(model)`: the Accelerator's own
         if models and foreign_callee(facts, call.func):
             found.update(id(v) for v in models)

@@ -58,6 +58,12 @@ def root_name(node: cst.BaseExpression) -> Optional[cst.Name]:
             return None
 
 
+def param_names(func: cst.FunctionDef) -> list[str]:
+    """The names of a function's parameters, but ``*args`` and ``**kwargs``."""
+    p = func.params
+    return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
+
+
 def assigned_names(target: cst.BaseExpression) -> list[str]:
     """Names (and ``self.x`` attributes, spelled so) bound by an assignment target."""
     if isinstance(target, cst.Name):

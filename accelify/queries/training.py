@@ -10,7 +10,7 @@ import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
 from accelify.queries.blocks import Body, binds, child_blocks
-from accelify.queries.names import root_name
+from accelify.queries.names import param_names, root_name
 from accelify.queries.walk import findall
 
 
@@ -167,8 +167,7 @@ def built_at_top(func: cst.FunctionDef, names: set[str], trainers: set[str]) -> 
     body = func.body
     if not isinstance(body, cst.IndentedBlock):
         return None
-    params = func.params
-    objects = frozenset(names) | {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    objects = frozenset(names) | set(param_names(func))
     end = next((i for i, stmt in enumerate(body.body) if trains(stmt, trainers, objects)), len(body.body))
     hits = [i for i, stmt in enumerate(body.body[:end]) if binds(stmt, names)]
     return (body, hits[-1] + 1) if hits else None
