@@ -111,3 +111,12 @@ def test_a_module_without_a_main_guard_keeps_its_signatures_and_says_so() -> Non
     [finding] = result.findings
     assert finding.code == "ACC104" and "cannot be given the accelerator" in finding.message
     assert 'no `if __name__ == "__main__":` guard' in finding.message
+
+
+def test_converted_again_it_says_nothing_the_first_conversion_did_not() -> None:
+    """The converted `train(model, train_loader, accelerator, epochs)` already prepares its optimizer: a second
+    conversion said it "cannot be given the accelerator" (ACC104), the name being taken by the accelerator."""
+    first = convert_source(SCRIPT, "train.py")
+    again = convert_source(first.output, "train.py")
+    assert not again.changed
+    assert [f.code for f in again.findings] == [f.code for f in first.findings] == ["ACC142"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.helpers import why_no_accelerator
@@ -43,6 +44,7 @@ from accelify.queries.blocks import bound_on_all_paths
 from accelify.queries.names import DATALOADERS, code_of, has_qname
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.training import built_at_top
+from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
     from accelify.analyses.plan import Plan
@@ -138,11 +140,17 @@ def _unsupported(facts: Facts, plan: Plan, function: str, optimizers: Optimizers
     return None
 
 
+def _prepares_itself(func: cst.FunctionDef, names: list[str]) -> bool:
+    """Converted code: the function already passes its optimizers through a ``prepare`` of its own."""
+    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "prepare"
+               and set(names) <= {code_of(a.value) for a in call.args} for call in findall(func.body, m.Call()))
+
+
 def reachable(facts: Facts, plan: Plan) -> bool:
     """Each function that prepares its optimizer reaches the Accelerator (a parameter it gets): False
     (ACC104) when one cannot."""
     for function, names in plan.late.items():
-        if plan.accelerator_in(function) is None:
+        if plan.accelerator_in(function) is None and not _prepares_itself(facts.functions[function], names):
             why = why_no_accelerator(facts, plan, function)
             facts.finding(
                 plan, facts.assigns[(function, names[0])][0], "ACC104",
