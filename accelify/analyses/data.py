@@ -671,6 +671,13 @@ def _next_draws(facts: Facts, plan: Plan, loop: cst.For) -> Iterator[tuple[cst.N
     iter(dataloader)`` per epoch, then ``data = next(data_iter)`` in a ``while`` inside): (the iterator,
     the call, whether the iterator is made in the loop). One made before it (``looper =
     infiniteloop(dataloader)`` in the setup code) holds the loader as it was before ``prepare``, unsharded."""
+    for iterator, call in _next_calls(facts, loop):
+        if _prepared_data(facts, plan, iterator, 0):
+            yield iterator, call, _made_in(facts, iterator, loop)
+
+
+def _next_calls(facts: Facts, loop: cst.For) -> Iterator[tuple[cst.Name, cst.Call]]:
+    """``next(it)`` and ``it.__next__()`` in the loop's body, with the iterator they draw from (a name)."""
     for call in findall(loop.body, m.Call(func=m.Name("next") | m.Attribute(attr=m.Name("__next__")))):
         if isinstance(call.func, cst.Attribute) and not call.args:  # `data_gen.__next__()`
             iterator = call.func.value
@@ -678,25 +685,16 @@ def _next_draws(facts: Facts, plan: Plan, loop: cst.For) -> Iterator[tuple[cst.N
             iterator = call.args[0].value
         else:
             continue
-        if isinstance(iterator, cst.Name) and _prepared_data(facts, plan, iterator, 0):
-            yield iterator, call, _made_in(facts, iterator, loop)
+        if isinstance(iterator, cst.Name):
+            yield iterator, call  # type: ignore[misc]
 
 
 def _unprepared_next(facts: Facts, plan: Plan, loop: cst.For) -> Optional[tuple[cst.Name, cst.Call]]:
     """``real_image = next(data_loader)`` in the loop where ``data_loader = iter(loader)`` and ``loader`` is a
     DataLoader no ``prepare`` takes (StyleGAN's ``loader = sample_data(dataset, batch, resolution)`` in
     ``train``): (the iterator, the ``next`` call)."""
-    for call in findall(loop.body, m.Call(func=m.Name("next") | m.Attribute(attr=m.Name("__next__")))):
-        if isinstance(call.func, cst.Attribute) and not call.args:
-            iterator = call.func.value
-        elif call.args and qualified_names(facts, call.func) & {"builtins.next", "next"}:
-            iterator = call.args[0].value
-        else:
-            continue
-        if (isinstance(iterator, cst.Name) and not _prepared_data(facts, plan, iterator, 0)
-                and _loader_like(facts, iterator, set())):
-            return iterator, call
-    return None
+    return next(((iterator, call) for iterator, call in _next_calls(facts, loop)
+                 if not _prepared_data(facts, plan, iterator, 0) and _loader_like(facts, iterator, set())), None)
 
 
 def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:

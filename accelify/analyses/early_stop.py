@@ -23,7 +23,6 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
-from accelify.analyses.gathers import Gather, find_gather
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import assigned_names, qualified_names
 from accelify.queries.records import RawFinding
@@ -197,7 +196,7 @@ class EarlyStops:
                 if not isinstance(function, cst.FunctionDef):
                     continue
                 loops = [loop for loop in findall(function.body, m.For()) if self._over_loader(loop)]  # type: ignore[arg-type]
-                if loops and all(isinstance(find_gather(self.visitor, loop, self.plan), Gather) for loop in loops):  # type: ignore[arg-type]
+                if loops and all(id(loop) in self.plan.gathering for loop in loops):
                     self._gathering.add(function.name.value)
         return value.func.value in self._gathering and ref_of(self.visitor, value.func) == (MODULE, value.func.value)
 

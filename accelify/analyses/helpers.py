@@ -152,6 +152,7 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
     from accelify.analyses.gathers import Gather, find_gather
 
     gathering = [loop for loop in facts.loops if isinstance(find_gather(facts, loop, plan), Gather)]
+    plan.gathering = {id(loop) for loop in gathering}
     # torch.save(model.state_dict(), ...) in a helper: saved once and unwrapped through the accelerator
     saving = [c for c in facts.calls if has_qname(facts, c.func, TORCH_SAVE) and c.args and _saves_model(
         facts, plan, c.args[0].value)]

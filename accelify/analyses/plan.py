@@ -104,6 +104,8 @@ class Plan:
     #: a batch sampler of its own a DataLoader is built with (episodes): gathered, batches of several processes
     #: would be scored as one (accelify.analyses.gathers refuses, ACC114)
     batch_sampler: Optional[str] = None
+    #: ids of the loops whose metrics are gathered (accelify.analyses.gathers), as helpers.needs_accelerator finds them
+    gathering: set[int] = field(default_factory=set)
     #: ids of the prepared models handed to another module's code in a statement call (``ema.step_ema(ema_model,
     #: model)``): they are handed ``accelerator.unwrap_model(model)`` (accelify.analyses.unwrapping, ACC016)
     handed_away: set[int] = field(default_factory=set)
