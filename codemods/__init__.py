@@ -22,6 +22,7 @@ from .device import RemoveDevice
 from .distributed import Distributed
 from .host_batch_parts import HostBatchParts
 from .host_inputs import HostInputs
+from .launch import SpawnLaunch
 from .loading import Loading
 from .main_process import MainProcessOutput
 from .mixed_precision import MixedPrecision
@@ -55,8 +56,10 @@ from .visible_devices import LauncherDevices
 # LauncherDevices removes the script's CUDA_VISIBLE_DEVICES before the device codemod replaces the
 # device next to it; CountersOnDevice, HostInputs, ConsoleHelpers and SyncedSkip name the Accelerator, so they come
 # before it.
-# The import visitors run after all of them (in the pipeline).
+# The import visitors run after all of them (in the pipeline). SpawnLaunch is listed for its code and
+# docs: it runs before the analysis (`accelify.core.pipeline`), never in the one traversal.
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
+    SpawnLaunch,  # (before the analysis, on the file as written: it never runs in the traversal)
     RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, AcceleratorParameter, Prepare,
     GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics,
     MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,

@@ -284,6 +284,9 @@ class Distributed(AccelifyCodemod):
         """``f"cuda:{local_rank}"``: each process's own device, ``accelerator.device``."""
         if not per_process_device(self, original_node):
             return updated_node
+        return self._per_process_device(original_node, updated_node)
+
+    def _per_process_device(self, original_node: cst.BaseExpression, updated_node: cst.BaseExpression) -> cst.BaseExpression:
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
             return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
@@ -368,6 +371,10 @@ class Distributed(AccelifyCodemod):
             return accelerator_attr(accelerator, attribute)
         if has_qname(self, original_node.func, DATALOADERS):
             return self._loader(original_node, updated_node)
+        if original_node.args and per_process_device(self, original_node) and not has_qname(
+            self, original_node.func, frozenset({"torch.device"})
+        ):
+            return self._per_process_device(original_node, updated_node)  # "cuda:{}".format(gpu)
         func = original_node.func
         if isinstance(func, cst.Attribute) and func.attr.value == "no_sync" and not original_node.args:
             return self._no_sync(original_node, updated_node)

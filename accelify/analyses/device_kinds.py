@@ -144,6 +144,15 @@ def is_option_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -
             and isinstance(expr.value, cst.Name) and ref_of(visitor, expr.value) == option[0])
 
 
+def _formatted_device(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """``"cuda:{}".format(x)``: ``x``; None for anything else."""
+    if isinstance(expr, cst.Call) and len(expr.args) == 1 and expr.args[0].keyword is None and isinstance(
+        expr.func, cst.Attribute
+    ) and expr.func.attr.value == "format" and string_value(expr.func.value) in ("cuda:{}", "xpu:{}", "npu:{}"):
+        return expr.args[0].value
+    return None
+
+
 def per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
     """``f"cuda:{local_rank}"``, ``torch.device("cuda", local_rank)``, ``torch.device(f"cuda:{rank}")``
     in a script that managed its own processes: each process's own accelerator, ``accelerator.device``."""
@@ -160,6 +169,8 @@ def per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression)
         return (isinstance(text, cst.FormattedStringText) and text.value in ("cuda:", "xpu:", "npu:")
                 and isinstance(value, cst.FormattedStringExpression) and value.format_spec is None
                 and rank(value.expression))
+    if _formatted_device(expr) is not None:  # "cuda:{}".format(gpu)
+        return rank(_formatted_device(expr))  # type: ignore[arg-type]
     if isinstance(expr, cst.Call) and has_qname(visitor, expr.func, TORCH_DEVICE) and expr.args:
         if len(expr.args) == 1:
             return per_process_device(visitor, expr.args[0].value)

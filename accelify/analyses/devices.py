@@ -22,7 +22,7 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.accelerator import Arguments
-from accelify.analyses.device_kinds import chosen_index, classify_device
+from accelify.analyses.device_kinds import chosen_index, classify_device, per_process_device
 from accelify.analyses.facts import Facts, chain_root
 from accelify.queries.blocks import inside, statement_line
 from accelify.queries.devices import is_availability_check
@@ -59,7 +59,7 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
                           "keep a single `device = ...` assignment, or replace each use by `accelerator.device`.")
             return False
         kind, value = kinds[0], assigns[0].value
-        if kind.kind == "auto" and not _index_noted(facts, plan, name, value):
+        if kind.kind == "auto" and not per_process_device(facts, value) and not _index_noted(facts, plan, name, value):
             return False
         if kind.kind == "auto":
             plan.devices.add(name)

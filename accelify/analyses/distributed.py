@@ -55,6 +55,7 @@ from accelify.analyses.ranks import (
     main_process_test,
     not_main_process_test,
     propagate,
+    rank_attribute,
     rank_source,
 )
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
@@ -157,6 +158,10 @@ class Distributed:
     #: parameters and ``self`` attributes handed a rank at every call site (``Trainer(..., rank)``'s
     #: ``gpu_id``): left as they are (they hold the Accelerator's value), but placements on them go
     passed: dict[Ref, str] = field(default_factory=dict)
+    #: ``args.gpu = gpu`` in a spawned worker, the attribute bound to a rank and to nothing else in the file:
+    #: (``args``, ``gpu``) -> the Accelerator attribute; read anywhere as ``args.gpu``, it is left as it is
+    #: (it holds the Accelerator's value), but placements on it go and tests on it are rank tests
+    attr_ranks: dict[tuple[str, str], str] = field(default_factory=dict)
     #: the parsed arguments (``args = parser.parse_args()``) whose ``.local_rank`` (``--local_rank``,
     #: passed by ``torch.distributed.launch``) is the local rank: each read becomes the Accelerator's
     arg_ranks: set[Ref] = field(default_factory=set)
@@ -257,9 +262,25 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
     propagate(facts, dist)
+    _rank_attributes(facts, plan, dist)
     main_flags_of(facts, plan, dist, env_reads)
     _first_pairs(facts, plan, dist)
     return None
+
+
+def _rank_attributes(facts: Facts, plan: Plan, dist: Distributed) -> None:
+    """``args.gpu = gpu`` with ``gpu`` the rank ``mp.spawn`` hands its worker: ``dist.attr_ranks``, when
+    every binding of an ``.gpu`` attribute in the file is that one (one object, one meaning)."""
+    bindings: dict[str, list[tuple[str, Optional[str]]]] = {}
+    for assign in findall(facts.module, m.Assign()):
+        for target in assign.targets:
+            node = target.target
+            if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value != "self":
+                kind = rank_attribute(facts, assign.value, plan) if len(assign.targets) == 1 else None
+                bindings.setdefault(node.attr.value, []).append((node.value.value, kind))
+    for attr, bound in bindings.items():
+        if len(bound) == 1 and bound[0][1] is not None:
+            dist.attr_ranks[(bound[0][0], attr)] = bound[0][1]
 
 
 def _first_pairs(facts: Facts, plan: Plan, dist: Distributed) -> None:

@@ -72,6 +72,10 @@ def rank_attribute(visitor: cst.MetadataDependent, expr: cst.BaseExpression, pla
             return plan.distributed.kept[ref]
         if is_arg_rank(visitor, expr, plan.distributed):
             return "local_process_index"
+        if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
+            held = plan.distributed.attr_ranks.get((expr.value.value, expr.attr.value))
+            if held is not None:
+                return held
     if isinstance(expr, cst.Call) and not expr.args:
         if has_qname(visitor, expr.func, GET_RANK):
             return "process_index"

@@ -8,6 +8,7 @@ nothing raises on user input: a file that cannot be parsed comes back with
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from dataclasses import replace
@@ -23,6 +24,7 @@ from accelify.analyses.plan import analyze
 from accelify.core.project import ProjectSources, training_elsewhere
 from accelify.codemods import gather_codemods
 from accelify.codemods.base import Shared
+from accelify.codemods.launch import SpawnLaunch
 from accelify.core.composite import Composite, plan_names
 from accelify.core.metadata import resolve
 from accelify.core.precheck import cpython_error, without_analysis
@@ -30,7 +32,7 @@ from accelify.core.result import TARGETS, Options, Result, brief, suppress
 from accelify.core.symbols import read_anywhere, undefined_names
 from accelify.core.unit import Unit, needed_imports, unit_of
 from accelify.queries import walk
-from accelify.queries.records import Finding, RawFinding
+from accelify.queries.records import Change, Finding, RawFinding
 
 
 def _gather_once_per_class() -> None:
@@ -82,7 +84,7 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         result = _convert_unit(unit, options) if unit is not None else None
         alone = result is None
         if alone:
-            result = _convert(module, source, path, options)
+            result = _convert_launched(module, source, path, options) or _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
         return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {brief(exc)}")
     finally:
@@ -212,6 +214,50 @@ def _move_imports(source: str, entry: str, texts: dict[str, str],
             RemoveImportsVisitor.remove_unused_import(context, *offered[name])
         entry = RemoveImportsVisitor(context).transform_module(new_tree).code
     return entry, new_outputs
+
+
+def _convert_launched(module: cst.Module, source: str, path: str, options: Options) -> Optional[Result]:
+    """A script that spawns its workers or calls one directly (ACC027): converted as its distributed path
+    alone, the positions of what is said put back on the file's lines; None for any other file."""
+    if "spawn" not in source or (options.select is not None and "ACC027" not in options.select):
+        return None
+    launched = SpawnLaunch.specialise(module)
+    if launched is None:
+        return None
+    text = launched.module.code
+    result = _convert(launched.module, text, path, options)
+    lines = _line_map(text, source)
+    findings = sorted(replace(f, line=lines(f.line)) for f in result.findings)
+    selected = options.select is not None  # `--select ACC027`: the launch alone, whatever else would do
+    if result.error is not None or (result.output == text and not selected):
+        return Result(path, source, source, findings=findings, error=result.error)  # refused (or an error)
+    changes = sorted([Change(launched.line, SpawnLaunch.CODE, "the launch is the distributed path: `mp.spawn` "
+                             "starts no process of its own any more, each flag of it is taken as set")]
+                     + [replace(c, line=lines(c.line)) for c in result.changes])
+    for count in launched.machine_counts:
+        findings.append(Finding(
+            path, launched.line, 1, "ACC143",
+            f"`{count}`, which `{launched.worker}` read as the GPUs of one machine (what `mp.spawn` started there), "
+            "is now `accelerator.num_processes`, the processes of the whole run: the same on one machine; on "
+            f"several, what it divides (a batch of one machine) is divided by all of them.",
+            "on several machines, divide by the processes of one machine "
+            "(`accelerator.num_processes // <machines>`) to keep the original's per-machine batch"))
+    return Result(path, source, result.output, changes=changes, findings=sorted(findings))
+
+
+def _line_map(derived: str, source: str):
+    """Line of ``derived`` (the source with statements dropped and blocks dedented) -> line of ``source``."""
+    a = [t.strip() for t in derived.splitlines()]
+    b = [t.strip() for t in source.splitlines()]
+    known: dict[int, int] = {}
+    for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            known[block.a + k + 1] = block.b + k + 1
+
+    def locate(line: int) -> int:
+        below = [k for k in known if k <= line]
+        return known[max(below)] if below else line
+    return locate
 
 
 def _report_only(options: Options) -> bool:
