@@ -306,13 +306,23 @@ class AccelifyCodemod(cst.CSTTransformer):
         return updated_node
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
-        if self.emptied(updated_node.body) and updated_node.orelse is None and _side_effect_free(updated_node.test):
+        if self._chain_emptied(updated_node):
             parent = self.get_metadata(ParentNodeProvider, original_node, None)
             if not isinstance(parent, cst.If):  # an `elif` cannot be dropped on its own
                 if id(original_node) not in self.shared.removed:
                     remove_imports_of(self.context, original_node)
                 return self.remove(updated_node)
         return updated_node
+
+
+    def _chain_emptied(self, node: Union[cst.If, cst.Else, None]) -> bool:
+        """Every block of an ``if``/``elif``/``else`` chain emptied, every test without side effects
+        (``if torch.cuda.is_available(): device = "cuda" elif ...: device = "mps"``, its assignments gone)."""
+        while isinstance(node, cst.If):
+            if not (self.emptied(node.body) and _side_effect_free(node.test)):
+                return False
+            node = node.orelse  # type: ignore[assignment]
+        return node is None or self.emptied(node.body)
 
 
 _PURE_METHODS = frozenset({"items", "keys", "values", "is_available", "device_count"})
@@ -334,6 +344,8 @@ def _side_effect_free(expr: cst.BaseExpression) -> bool:
         return _side_effect_free(expr.left) and all(_side_effect_free(c.comparator) for c in expr.comparisons)
     if isinstance(expr, cst.Call) and not expr.args and isinstance(expr.func, cst.Attribute):
         return expr.func.attr.value in _PURE_METHODS and _side_effect_free(expr.func.value)
+    if m.matches(expr, m.Call(func=m.Name("hasattr"), args=[m.Arg(keyword=None), m.Arg(value=m.SimpleString())])):
+        return _side_effect_free(expr.args[0].value)  # type: ignore[attr-defined]
     return False
 
 

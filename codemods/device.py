@@ -11,7 +11,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.plan import Plan, bind_arguments, param_names
 from accelify.queries.blocks import child_blocks, simple_assign
-from accelify.queries.names import code_of
+from accelify.queries.names import code_of, string_value
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.trees import remove_imports_of
 from accelify.queries.walk import findall
@@ -143,7 +143,7 @@ class RemoveDevice(AccelifyCodemod):
         if loads_on_the_cpu(self, original_node):
             self.change(original_node, f"`map_location={original_node.value}` -> `map_location=\"cpu\"`")
             return cpu_string(self, original_node)
-        if self._used_as_string(original_node):
+        if self._used_as_string(original_node) or self._device_type_keyword(original_node):
             # `device == "cuda"` compared a string; a torch.device never equals one
             self.change(original_node, f"`{original_node.value}` -> `{accelerator}.device.type`")
             return accelerator_attr(accelerator, "device.type")
@@ -173,6 +173,27 @@ class RemoveDevice(AccelifyCodemod):
             self.change(original_node, f"`{code}` -> `{accelerator}.device`")
             return accelerator_attr(accelerator, "device")
         return updated_node
+
+    def _device_type_keyword(self, node: cst.Name) -> bool:
+        """A string device handed on as a string: ``torch.amp.autocast(device_type=device_type)`` (the API
+        takes the type), or a device type with no index (``"cuda" if ... else "cpu"``) handed to a function
+        (nanoGPT's ``model.configure_optimizers(..., device_type)`` compares it with ``"cuda"``, which a
+        ``torch.device`` never equals); not where a device goes (``device=``, ``map_location=``, ``.to()``)."""
+        ref = ref_of(self, node)
+        if ref is None or ref not in self.plan.refs(sorted(self.plan.string_devices)):
+            return False
+        arg = self.get_metadata(ParentNodeProvider, node, None)
+        if not isinstance(arg, cst.Arg) or arg.value is not node:
+            return False
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if keyword == "device_type":
+            return True
+        call = self.get_metadata(ParentNodeProvider, arg, None)
+        if keyword in ("device", "map_location") or not isinstance(call, cst.Call) or (
+            isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")
+        ) or classify_device(self, call) is not None:
+            return False
+        return _indexless_device(self, ref)
 
     def _used_as_string(self, node: cst.Name) -> bool:
         """A string device in a comparison or a string method call (``device.startswith("cuda")``)."""
@@ -352,3 +373,26 @@ def _walk_statements(module: cst.Module):
                 yield from walk(block.body)
             yield stmt
     yield from walk(module.body)
+
+
+def _indexless(value: cst.BaseExpression) -> bool:
+    """``"cuda"``, ``"cuda" if ... else "cpu"``: a device type, no index."""
+    if isinstance(value, cst.IfExp):
+        return _indexless(value.body) and _indexless(value.orelse)
+    text = string_value(value)
+    return text is not None and ":" not in text
+
+
+def _indexless_device(codemod: AccelifyCodemod, ref) -> bool:
+    """The device name ``ref`` is a device *type* derived from another device (nanoGPT's ``device_type =
+    "cuda" if "cuda" in device else "cpu"``): every value the file binds it to has no index and tests a
+    device. A device chosen by its own test (``"cuda" if torch.cuda.is_available() else "cpu"``) stays a device."""
+    module = codemod.shared.module
+    devices = codemod.plan.refs(sorted(codemod.plan.devices)) - {ref}
+    values = [a.value for a in findall(module, m.Assign())
+              if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
+              and ref_of(codemod, a.targets[0].target) == ref]
+    return bool(values) and all(
+        _indexless(v) and isinstance(v, cst.IfExp)
+        and any(ref_of(codemod, n) in devices for n in findall(v.test, m.Name())) for v in values
+    )

@@ -134,6 +134,19 @@ class MainProcessFiles(AccelifyCodemod):
         return bool(qualified_names(self, func) & WRITERS) or m.matches(func, m.Attribute(attr=m.Name("save_pretrained"))) or (
             m.matches(func, m.Attribute(attr=m.OneOf(*(m.Name(n) for n in _TABLE_WRITERS)))) and bool(call.args))
 
+    def _per_process_path(self, call: cst.Call) -> bool:
+        """The file ``call`` writes is one of each process's own: its path reads a rank, a process id
+        (``f"log_{rank}.txt"``, ``os.path.join(tmpdir, name)`` with ``tmpdir = f"tmp_{os.getpid()}"``)."""
+        if not call.args:
+            return False
+        parts: list[cst.CSTNode] = [call.args[0].value]
+        for name in findall(call.args[0].value, m.Name()):
+            parts += [v for v in assigned_values(self, name) if v is not None]  # type: ignore[arg-type]
+        for part in parts:
+            if any(re.search(r"rank|pid|process|worker", n.value, re.IGNORECASE) for n in findall(part, m.Name())):
+                return True
+        return False
+
     def _made_by(self, name: cst.Name, packages: tuple[str, ...]) -> bool:
         """Is ``name`` bound only to what a call of one of ``packages`` returns
         (``anim = animation.ArtistAnimation(...)``, ``im = Image.fromarray(...)``)?"""
@@ -149,7 +162,9 @@ class MainProcessFiles(AccelifyCodemod):
             self.change(original_node, "the TensorBoard writer is created and written by the main process")
             self._guard[id(original_node)] = self._logger_lines[id(original_node)]
             return updated
-        if self._writer(original_node) and not under_main_process_check(self, original_node):
+        if self._writer(original_node) and not under_main_process_check(self, original_node) and not (
+            self._per_process_path(original_node.body[0].value)  # type: ignore[attr-defined]
+        ):
             accelerator = self.accelerator_at(original_node)
             if accelerator is None:
                 return updated
@@ -475,7 +490,7 @@ class MainProcessFiles(AccelifyCodemod):
                 m.matches(a.value, m.Name(handle.value)) for a in inner.args)
             if not (to_handle or printed or dumped):
                 return False
-        if any(re.search(r"rank|pid|process|worker", n.value, re.IGNORECASE) for n in findall(call.args[0], m.Name())):
+        if self._per_process_path(call):
             return False  # `f"log_{rank}.txt"`: a file per process
         if self._read_back(call):
             return False

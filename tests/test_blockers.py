@@ -72,9 +72,10 @@ def test_a_collective_and_optimizers_in_two_functions_are_both_reported() -> Non
 
 
 def test_no_finding_from_an_analysis_that_depends_on_the_refused_one() -> None:
-    """The optimizer comes from a model method (minGPT's `configure_optimizers`): the setup scope
-    does not reach the training loop (ACC107). The data analysis would then look at that method
-    and say the script "places nothing on a device", which is false: it is not asked."""
+    """The optimizer comes from a model method (minGPT's `configure_optimizers`) called twice, so not
+    taken as the caller's (tests/test_model_methods.py has the one call that is): the setup scope does
+    not reach the training loop (ACC107). The data analysis would then look at that method and say
+    the script "places nothing on a device", which is false: it is not asked."""
     source = HEAD + (
         "\n\nclass Net(torch.nn.Module):\n"
         "    def __init__(self):\n"
@@ -89,6 +90,7 @@ def test_no_finding_from_an_analysis_that_depends_on_the_refused_one() -> None:
         '    device = "cuda" if torch.cuda.is_available() else "cpu"\n'
         "    model = model.to(device)\n"
         "    optimizer = model.configure_optimizers()\n"
+        "    spare = model.configure_optimizers()\n"
         "    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)\n"
         "    for x, y in loader:\n"
         "        x, y = x.to(device), y.to(device)\n"

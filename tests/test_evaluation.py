@@ -215,7 +215,8 @@ print(hits)
     assert not result.findings and "model = accelerator.prepare_model(model, evaluation_mode=True)" in result.output
     called = source.replace("print(hits)", "optimizer = model.configure_optimizers(0.1)\nprint(hits)")
     result = convert_source(called, "sample.py")  # called here, the optimizer counts: a training script's refusal
-    assert result.output == called and [f.code for f in result.findings] == ["ACC107"]
+    assert result.output == called and [f.code for f in result.findings] == ["ACC104"]
+    assert "the loop over `loader` runs the model before the last training object is built" in result.findings[0].message
 
 
 def test_a_results_table_written_with_pandas_after_the_loop_is_written_once():

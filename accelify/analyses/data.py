@@ -25,6 +25,7 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, Qualified
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import called_function
+from accelify.analyses.ranks import rank_attribute
 from accelify.queries.blocks import enclosing_function, inside, scope_root
 from accelify.queries.loops import peel_iterable
 from accelify.queries.training import locate_setup
@@ -468,6 +469,17 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                     "one process does), or build a `Dataset` + `DataLoader`, which `prepare` shards.",
                 )
                 return False
+            seed = _per_process_seed(facts, plan)
+            if seed is not None:
+                facts.note(
+                    plan, loops[0], "ACC124",
+                    f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
+                    f"DataLoader: its batches are drawn at random with a seed of each process's own (`{code_of(seed)}`), "
+                    "so each process trains on draws of its own, as in the original (not sharded: no epoch is split).",
+                    "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, if an "
+                    "epoch should be split between the processes.",
+                )
+                return True
             facts.note(
                 plan, loops[0], "ACC124",
                 f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
@@ -476,6 +488,26 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 "slice it per process with `accelerator.split_between_processes`.",
             )
     return True
+
+
+def _per_process_seed(facts: Facts, plan: Plan) -> Optional[cst.Call]:
+    """``torch.manual_seed(1337 + seed_offset)`` with ``seed_offset`` a rank (nanoGPT): each process draws
+    its own batches, on purpose."""
+    if plan.distributed is None:
+        return None
+    def rank(node: cst.BaseExpression) -> bool:
+        return rank_attribute(facts, node, plan) is not None
+
+    for call in facts.calls:
+        if not has_qname(facts, call.func, frozenset({"torch.manual_seed"})) or not call.args:
+            continue
+        for node in findall(call.args[0].value, m.Name() | m.Attribute()):
+            ref = ref_of(facts, node)
+            values = [a.value for a in facts.assigns.get(ref, [])] if ref is not None else []
+            # `seed_offset = ddp_rank` when launched (`= 0` in one process)
+            if rank(node) or any(rank(v) for v in values if isinstance(v, (cst.Name, cst.Attribute, cst.Call))):
+                return call
+    return None
 
 
 #: packages whose functions accelify knows do not return a DataLoader to prepare (their data is

@@ -50,6 +50,8 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
             if all(_is_string(a.value) for a in assigns):
                 plan.string_devices.add(name)
             continue
+        if len(assigns) >= 2 and _upgrade_chain(facts, plan, name, assigns):
+            continue
         if len(assigns) >= 2:
             why = _if_else_device(facts, plan, name, assigns) or ""
             if not why:
@@ -66,7 +68,19 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
             if _is_string(value):
                 plan.string_devices.add(name)
             flag = _flag_of(facts, value)
-            if flag is not None:
+            read = _device_read(facts, value) if flag is not None else None
+            setting = read if read is not None and _is_setting(facts, read) else None
+            if read is not None and setting is None:
+                pass  # `"cuda" if device.startswith("cuda") else "cpu"` of a device chosen as Accelerate does
+            elif setting is not None:
+                # `device_type = "cuda" if "cuda" in device else "cpu"`: no flag of the user's but the
+                # device setting itself, which the conversion replaces (nanoGPT's `device = 'cuda'`)
+                facts.note(plan, assigns[0], "ACC144",
+                           f"`{name}` followed the `{setting.value}` setting, which no longer chooses the device: "
+                           "Accelerate does (each process its GPU, the CPU without one).",
+                           "to train on the CPU where there is a GPU, run `accelerate launch --cpu` (the setting "
+                           "is no longer one the script reads).")
+            elif flag is not None:
                 plan.cpu_flag = flag
         elif kind.kind == "cpu":
             facts.finding(plan, assigns[0], "ACC102",
@@ -182,6 +196,44 @@ def _if_else_device(facts: Facts, plan: Plan, name: str, assigns: list[cst.Assig
     return None
 
 
+def _upgrade_chain(facts: Facts, plan: Plan, name: str, assigns: list[cst.Assign]) -> bool:
+    """``device = "cpu"`` then ``if torch.cuda.is_available(): device = "cuda" elif <mps available>: device =
+    "mps"`` (no ``else``), in a script that manages its processes maybe also ``device = f"cuda:{local_rank}"``
+    once launched (build-nanoGPT): the choice ``Accelerator()`` makes, so ``plan.devices``."""
+    own = [a for a in assigns if not (plan.distributed is not None and per_process_device(facts, a.value))]
+    if len(own) < 2 or string_value(own[0].value) not in ("cpu",):
+        return False
+    line = facts.get_metadata(ParentNodeProvider, own[0], None)
+    block = facts.get_metadata(ParentNodeProvider, line, None)
+    body = list(getattr(block, "body", ()))
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or line not in body:
+        return False
+    chain = body[body.index(line) + 1] if body.index(line) + 1 < len(body) else None
+    branches = []
+    node = chain
+    while isinstance(node, cst.If):
+        if not is_availability_check(facts, node.test):
+            return False
+        branches.append(node.body)
+        node = node.orelse  # type: ignore[assignment]
+    if node is not None or not branches:
+        return False  # an `else:` would be a choice of its own
+    chosen = []
+    for branch in branches:
+        stmts = branch.body if isinstance(branch, cst.IndentedBlock) else ()
+        if len(stmts) != 1 or not isinstance(stmts[0], cst.SimpleStatementLine) or len(stmts[0].body) != 1:
+            return False
+        chosen.append(stmts[0].body[0])
+    if [id(a) for a in own] != [id(own[0])] + [id(c) for c in chosen]:
+        return False
+    if any(string_value(c.value) not in ("cuda", "mps", "xpu", "npu") for c in chosen):  # type: ignore[attr-defined]
+        return False
+    plan.devices.add(name)
+    if all(_is_string(a.value) for a in assigns):
+        plan.string_devices.add(name)
+    return True
+
+
 def _enclosing_if(facts: Facts, assign: cst.Assign) -> Optional[cst.CSTNode]:
     node: Optional[cst.CSTNode] = assign
     for _ in range(5):  # Assign < line < block < (Else <) If
@@ -249,6 +301,35 @@ def _negate(test: cst.BaseExpression) -> str:
     if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         return f"not {code}"
     return f"not ({code})"
+
+
+def _device_read(facts: Facts, value: cst.BaseExpression) -> Optional[cst.Name]:
+    """The device a device's test reads (``"cuda" if "cuda" in device else "cpu"`` -> ``device``), if any."""
+    test = value.args[0].value if isinstance(value, cst.Call) and value.args else value
+    if not isinstance(test, cst.IfExp):
+        return None
+    for node in findall(test.test, m.Name()):
+        ref = ref_of(facts, node)
+        if ref is not None and any(classify_device(facts, a.value) for a in facts.assigns.get(ref, [])):
+            return node  # type: ignore[return-value]
+    return None
+
+
+def _is_setting(facts: Facts, name: cst.Name) -> bool:
+    """``device = 'cuda'`` bound to a string whatever runs: a setting (nanoGPT's, which ``--device=cpu`` overrides)."""
+    ref = ref_of(facts, name)
+    return ref is not None and any(string_value(a.value) not in (None, "cpu") and not _conditional(facts, a)
+                                   for a in facts.assigns.get(ref, []))  # (`"cpu"` then upgraded: a default)
+
+
+def _conditional(facts: Facts, node: cst.CSTNode) -> bool:
+    """``node`` runs under an ``if`` of its function (or of the module)."""
+    parent = facts.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, (cst.If, cst.Else)):
+            return True
+        parent = facts.get_metadata(ParentNodeProvider, parent, None)
+    return False
 
 
 def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optional[str]:

@@ -60,6 +60,7 @@ from accelify.analyses.ranks import (
 )
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
 from accelify.queries.blocks import inside
+from accelify.queries.devices import is_availability_check
 from accelify.queries.names import code_of, has_qname, qualified_names
 from accelify.queries.refs import Ref, ref_of
 from accelify.queries.walk import findall
@@ -259,6 +260,10 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             continue  # nanoGPT's `if ddp: model.require_backward_grad_sync = ...`: the prepared DDP wrapper's
         return (node, f"`{code_of(node)}` (gradient synchronisation switched by hand) is not converted yet",
                 "use `with accelerator.accumulate(model):` (or `accelerator.no_sync(model)`) by hand")
+    for line in findall(facts.module, m.SimpleStatementLine(body=[m.Assert()])):
+        test = line.body[0].test  # type: ignore[attr-defined]
+        if is_availability_check(facts, test) and (launch_branches(facts, line, env_reads) or (None, False))[1]:
+            dist.remove.add(id(line))  # `assert torch.cuda.is_available()` once launched: nccl's need, not gloo's
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
     propagate(facts, dist)

@@ -56,8 +56,71 @@ def optimizers(facts: Facts) -> Optimizers:
                     models = _optimizer_models(facts, call)
                     if models is not None:
                         found[ref] = (assign, models)
+    _from_model_methods(facts, found)
     # asked only of the scopes that build one: the question searches the whole module
     return {ref: built for ref, built in found.items() if not _unused_method(facts, ref[0])}
+
+
+def _from_model_methods(facts: Facts, found: Optimizers) -> None:
+    """``optimizer = model.configure_optimizers(...)`` (nanoGPT, llama2.c, minGPT): the model's own
+    method builds the optimizer and returns it, so the optimizer is the caller's name, training the model
+    the method is called on, and the one inside the method is not another optimizer to prepare.  Only
+    for a method of a module-level class that ends by returning the one optimizer it builds, called once
+    as ``name = receiver.method(...)`` with ``receiver`` a plain name."""
+    for key in {ref[0] for ref in found}:
+        cls, _, method = key.partition(".")
+        if cls not in facts.classes or not method or "." in method or method in facts.trainers:
+            continue
+        built = [ref for ref in found if ref[0] == key]
+        func = next((s for s in facts.classes[cls].body.body
+                     if isinstance(s, cst.FunctionDef) and s.name.value == method), None)
+        if func is None or len(built) != 1 or not _returns_only(func, built[0][1]):
+            continue
+        sites = [a for a in (a for assigns in facts.assigns.values() for a in assigns)
+                 if isinstance(a.value, cst.Call) and m.matches(a.value.func, m.Attribute(value=m.Name(), attr=m.Name(method)))]
+        sites = list({id(a): a for a in sites}.values())
+        if len(sites) != 1 or len(sites[0].targets) != 1 or not isinstance(sites[0].targets[0].target, cst.Name):
+            continue
+        site = sites[0]
+        ref = ref_of(facts, site.targets[0].target)
+        model = _unwrapped_alias(facts, site.value.func.value)  # type: ignore[attr-defined]
+        receiver = ref_of(facts, model)
+        built_as = [a.value for a in facts.assigns.get(receiver, [])] if receiver is not None else []
+        name = model.value if isinstance(model, cst.Name) else None
+        same = m.Name(name) if name else m.DoNotCare()
+        if ref is None or name is None or not built_as or not all(
+            m.matches(v, m.Call(func=m.Name(cls) | m.Attribute(value=m.Name(cls))))  # GPT(...), GPT.from_pretrained(...)
+            or m.matches(v, m.Call(args=[m.Arg(value=same, keyword=None), m.ZeroOrMore()]))  # DDP(model), torch.compile(model)
+            or m.matches(v, m.Call(func=m.Attribute(value=same | m.Call(func=m.Name(cls)))))  # model.to(device), GPT(c).to(d)
+            for v in built_as
+        ):
+            continue  # called on something else than a model of that class
+        del found[built[0]]
+        found[ref] = (site, [model])
+
+
+def _unwrapped_alias(facts: Facts, receiver: cst.BaseExpression) -> cst.BaseExpression:
+    """``raw_model`` of ``raw_model = model.module if ddp else model`` (build-nanoGPT): ``model``, the model
+    itself once the DistributedDataParallel wrapper is gone (``accelerator.unwrap_model(model)`` before
+    ``prepare`` is the model); ``receiver`` for anything else."""
+    ref = ref_of(facts, receiver)
+    assigns = facts.assigns.get(ref, []) if ref is not None else []
+    if len(assigns) != 1 or not isinstance(assigns[0].value, cst.IfExp):
+        return receiver
+    value = assigns[0].value
+    if m.matches(value, m.IfExp(body=m.Attribute(value=m.Name(), attr=m.Name("module")), orelse=m.Name())) and (
+        value.body.value.value == value.orelse.value  # type: ignore[attr-defined]
+    ):
+        return value.orelse
+    return receiver
+
+
+def _returns_only(func: cst.FunctionDef, name: str) -> bool:
+    """``func`` ends with ``return name`` and returns nothing else."""
+    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
+    returns = findall(func.body, m.Return())
+    return bool(body) and len(returns) == 1 and m.matches(
+        body[-1], m.SimpleStatementLine(body=[m.Return(value=m.Name(name))]))
 
 
 def _unused_method(facts: Facts, key: str) -> bool:

@@ -14,7 +14,7 @@ Accelerator cannot serve from) and ACC104 (no single point where ``prepare`` see
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -23,6 +23,7 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import Optimizers
 from accelify.queries.blocks import binds, bound_on_all_paths, scope_root
+from accelify.queries.loops import peel_iterable
 from accelify.queries.names import code_of, string_value
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.training import BACKWARD, bound_again, locate_setup, trains
@@ -172,6 +173,32 @@ def place(facts: Facts, plan: Plan) -> bool:
     return True
 
 
+def _read_before(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
+    """After the first statement that binds ``name`` (under a condition), a statement of the same block
+    reads it whatever path ran (``model.to(device)``, ``if block_size < model.config.block_size:``): the
+    script itself needs it bound there, so ``prepare`` after it reads nothing the original did not
+    (nanoGPT's ``if init_from == 'scratch': ... elif init_from == 'resume': ...`` has no ``else``)."""
+    first = next((i for i, stmt in enumerate(stmts) if binds(stmt, {name})), None)
+    if first is None:
+        return False
+    for stmt in stmts[first + 1:]:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            parts: list[cst.CSTNode] = [stmt]
+        elif isinstance(stmt, (cst.If, cst.While)):
+            parts = [stmt.test]
+        elif isinstance(stmt, cst.For):
+            parts = [stmt.iter]
+        else:
+            parts = []
+        if any(findall(part, m.Name(name)) for part in parts) and not any(
+            findall(part, m.Lambda() | m.ListComp() | m.GeneratorExp() | m.DictComp() | m.SetComp()) for part in parts
+        ):
+            return True
+        if binds(stmt, {name}):
+            return False
+    return False
+
+
 def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     module = facts.module
     names = plan.anchors()
@@ -200,9 +227,26 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
                     f"`{plan.accelerator}.prepare(...)`.",
                 )
                 return False
+    loaders, models = plan.refs(plan.dataloaders), plan.refs(plan.models)
+    for stmt in block.body[:index]:
+        # (a loop that only looks at a batch, `for batch in loader: break`, runs the same on the unprepared loader)
+        early = next((loop for loop in findall(stmt, m.For())
+                      if ref_of(facts, peel_iterable(facts, loop.iter)) in loaders  # type: ignore[attr-defined]
+                      and any(ref_of(facts, n) in models for n in findall(loop.body, m.Name()))), None)
+        if early is not None:
+            loader = code_of(peel_iterable(facts, early.iter))  # type: ignore[attr-defined]
+            facts.finding(
+                plan, early, "ACC104",
+                f"the loop over `{loader}` runs the model before the last training object is built, where "
+                "`prepare` goes: it would run on the unprepared loader in every process (each the whole data, "
+                "on the CPU beside a model on the accelerator). File not converted.",
+                f"build every training object before that loop (the optimizer too), or prepare `{loader}` and "
+                "the model before it by hand.",
+            )
+            return False
     exhaustive = _exhaustive_choices(facts)
     for name in names:
-        if not bound_on_all_paths(block.body[:index], name, exhaustive):
+        if not bound_on_all_paths(block.body[:index], name, exhaustive) and not _read_before(block.body[:index], name):
             facts.finding(
                 plan, next((st for st in block.body[:index] if binds(st, {name})), block.body[index - 1]), "ACC104",
                 f"`{name}` is bound only under a condition: `prepare` after it would read a name that may not "

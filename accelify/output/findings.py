@@ -143,6 +143,10 @@ FINDINGS: dict[str, str] = {
     "(`args.batch_size / ngpus_per_node`): it is now `accelerator.num_processes`, the processes of the whole run. "
     "The same on one machine; on several, the batch of a machine is divided by all processes: converted, "
     "reported.",
+    "ACC144": "A device whose test read the script's device setting (nanoGPT's `device_type = 'cuda' if 'cuda' in "
+    "device else 'cpu'`, `device = 'cuda'` overridable by `--device=cpu`): the setting no longer chooses the "
+    "device, Accelerate does (each process its GPU, the CPU without one; `accelerate launch --cpu` for the CPU "
+    "where there is a GPU): converted, reported.",
 }
 
 

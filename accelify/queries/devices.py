@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.queries.names import has_qname
+from accelify.queries.names import code_of, has_qname
 
 TORCH_DEVICE = frozenset({"torch.device"})
 AVAILABILITY_CHECKS = frozenset(
@@ -30,6 +30,9 @@ def is_availability_check(visitor: cst.MetadataDependent, test: cst.BaseExpressi
         return is_availability_check(visitor, test.left) and is_availability_check(visitor, test.right)
     if isinstance(test, cst.Call) and not test.args:
         return has_qname(visitor, test.func, AVAILABILITY_CHECKS)
+    if m.matches(test, m.Call(func=m.Name("hasattr"), args=[m.Arg(), m.Arg(value=m.SimpleString())])):
+        # `hasattr(torch.backends, "mps") and torch.backends.mps.is_available()`: a feature check of torch's
+        return code_of(test.args[0].value).startswith("torch.")  # type: ignore[attr-defined]
     if isinstance(test, cst.Comparison) and isinstance(test.left, cst.Call):
         # torch.cuda.device_count() > 0
         return has_qname(visitor, test.left.func, frozenset({"torch.cuda.device_count"})) and m.matches(
