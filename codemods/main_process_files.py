@@ -461,6 +461,8 @@ class MainProcessFiles(AccelifyCodemod):
             return False
         writers = {handle.value}
         for stmt in statement.body.body:
+            if m.matches(stmt, m.SimpleStatementLine(body=[m.Pass()])):
+                continue  # `with open(log_file, "w") as f: pass`: the log emptied (build-nanoGPT), once
             if not m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call()) | m.Assign(value=m.Call())])):
                 return False
             small = stmt.body[0]  # type: ignore[attr-defined]

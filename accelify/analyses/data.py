@@ -469,6 +469,16 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                     "one process does), or build a `Dataset` + `DataLoader`, which `prepare` shards.",
                 )
                 return False
+            split = _split_by_rank(facts, plan, loops[0])
+            if split is not None:
+                facts.note(
+                    plan, loops[0], "ACC124",
+                    f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
+                    f"DataLoader: its batches come from `{code_of(split)}`, handed the process's rank, which splits "
+                    "the data between the processes itself, as in the original.",
+                    "nothing to do; a `torch.utils.data.Dataset` + `DataLoader` would let `prepare` shard it instead.",
+                )
+                return True
             seed = _per_process_seed(facts, plan)
             if seed is not None:
                 facts.note(
@@ -488,6 +498,24 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 "slice it per process with `accelerator.split_between_processes`.",
             )
     return True
+
+
+def _split_by_rank(facts: Facts, plan: Plan, loop: cst.CSTNode) -> Optional[cst.Call]:
+    """``x, y = train_loader.next_batch()`` in the loop, ``train_loader = DataLoaderLite(B, T,
+    process_rank=ddp_rank, num_processes=ddp_world_size)`` (build-nanoGPT): a loader of the script's own,
+    handed the rank, that splits the data itself."""
+    if plan.distributed is None:
+        return None
+    body = getattr(loop, "body", loop)
+    for call in findall(body, m.Call(func=m.Attribute(value=m.Name()))):
+        ref = ref_of(facts, call.func.value)  # type: ignore[attr-defined]
+        for assign in facts.assigns.get(ref, []) if ref is not None else []:
+            made = assign.value
+            if isinstance(made, cst.Call) and any(
+                rank_attribute(facts, a.value, plan) is not None for a in made.args
+            ):
+                return made
+    return None
 
 
 def _per_process_seed(facts: Facts, plan: Plan) -> Optional[cst.Call]:

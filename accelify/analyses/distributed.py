@@ -343,8 +343,8 @@ def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> 
         return call, f"`{func.name.value}` is used elsewhere too, not only launched by {what}", usage
     arguments: list[cst.BaseExpression] = []
     nprocs: Optional[cst.BaseExpression] = None
-    for arg in call.args[1:]:
-        key = arg.keyword.value if arg.keyword is not None else None
+    for position, arg in enumerate(call.args[1:]):
+        key = arg.keyword.value if arg.keyword is not None else _SPAWN_POSITIONS.get(position)
         if key == "args" and isinstance(arg.value, cst.Tuple):
             arguments = [e.value for e in arg.value.elements]
         elif key == "nprocs":
@@ -369,11 +369,16 @@ def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> 
     return None
 
 
+#: ``mp.spawn(fn, args, nprocs, join, ...)``: the keyword of each argument after ``fn`` given by position
+_SPAWN_POSITIONS = {0: "args", 1: "nprocs", 2: "join"}
+
+
 def spawn_arguments(call: cst.Call, worker: cst.FunctionDef, gone: list[str]) -> list[cst.BaseExpression]:
     """What the worker is called with once spawn is gone: the ``args=`` tuple but the parameters that go."""
     arguments: list[cst.BaseExpression] = []
-    for arg in call.args[1:]:
-        if arg.keyword is not None and arg.keyword.value == "args" and isinstance(arg.value, cst.Tuple):
+    for position, arg in enumerate(call.args[1:]):
+        key = arg.keyword.value if arg.keyword is not None else _SPAWN_POSITIONS.get(position)
+        if key == "args" and isinstance(arg.value, cst.Tuple):
             arguments = [e.value for e in arg.value.elements]
     params = [p.name.value for p in worker.params.params][1:]
     return [value for param, value in zip(params, arguments) if param not in gone]

@@ -152,6 +152,14 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
         model for value in values for c in findall(value, m.Call())
         for model in _param_group_models(c)  # type: ignore[arg-type]
     ]
+    # lists filled in a loop over the parameters (Barlow Twins: `for param in model.parameters():
+    # (param_biases if param.ndim == 1 else param_weights).append(param)`, then `[{'params': param_weights}, ...]`)
+    found = found or [
+        model for value in values for name in findall(value, m.Name())
+        for group in facts.bound_values(name) for inner in findall(group, m.Name())  # type: ignore[arg-type]
+        for model in _filled_from_parameters(facts, inner)  # type: ignore[arg-type]
+    ] or [model for value in values for name in findall(value, m.Name())
+          for model in _filled_from_parameters(facts, name)]  # type: ignore[arg-type]
     is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
     looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
     if (is_torch_optim or looks_like_optim) and found:
@@ -159,6 +167,18 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
     if is_torch_optim:
         return []
     return _one_line_factory(facts, call)
+
+
+def _filled_from_parameters(facts: Facts, name: cst.Name) -> list[cst.BaseExpression]:
+    """``name.append(p)`` inside ``for p in model.parameters():`` (or ``named_parameters()``): ``[model]``."""
+    models: list[cst.BaseExpression] = []
+    for loop in facts.loops:
+        source = loop.iter
+        if not m.matches(source, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))):
+            continue
+        if findall(loop.body, m.Call(func=m.Attribute(value=m.Name(name.value), attr=m.Name("append")))):
+            models.append(source.func.value)  # type: ignore[attr-defined]
+    return models
 
 
 _PARAM_GROUPS = re.compile(r"param", re.I)

@@ -1,0 +1,130 @@
+"""Shapes of research DDP scripts (issue 27), each found in a real script of the DDP set."""
+
+from __future__ import annotations
+
+from conftest import convert
+
+SPAWNED = '''import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import optim
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+class LARS(optim.Optimizer):
+    def __init__(self, params, lr):
+        super().__init__(params, dict(lr=lr))
+
+    def step(self):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-g["lr"])
+
+
+def main_worker(gpu, args):
+    dist.init_process_group(backend="gloo", init_method="env://", world_size=2, rank=gpu)
+    model = Net()
+    param_weights = []
+    param_biases = []
+    for param in model.parameters():
+        if param.ndim == 1:
+            param_biases.append(param)
+        else:
+            param_weights.append(param)
+    parameters = [{"params": param_weights}, {"params": param_biases}]
+    optimizer = LARS(parameters, lr=0.1)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    args = parser.parse_args()
+    mp.spawn(main_worker, (args,), 2)
+'''
+
+
+def test_spawn_given_its_arguments_by_position_and_an_optimizer_over_lists_filled_from_the_parameters():
+    """Barlow Twins: `torch.multiprocessing.spawn(main_worker, (args,), ngpus_per_node)` and LARS over
+    `[{'params': param_weights}, {'params': param_biases}]`, filled in a loop over `model.parameters()`."""
+    result = convert(SPAWNED)
+    out = result.output
+    assert "main_worker(args)" in out and "def main_worker(args):" in out and "mp.spawn" not in out
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in out or (
+        "loader, model, optimizer = accelerator.prepare(loader, model, optimizer)" in out)
+
+
+def test_an_optimizer_over_lists_filled_from_nothing_the_file_names_is_not_taken():
+    source = SPAWNED.replace("for param in model.parameters():", "for param in gather_params():")
+    result = convert(source)  # no model the lists come from: no optimizer accelify can prepare with its model
+    assert result.output == source and {f.code for f in result.findings} & {"ACC107", "ACC125"}
+
+
+TRUNCATED = '''import os
+import torch
+from torch.utils.data import DataLoader
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+loader = DataLoader(dataset, batch_size=8)
+model = Net().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+log_file = os.path.join("log", "log.txt")
+with open(log_file, "w") as f:  # open for writing to clear the file
+    pass
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_a_log_emptied_at_the_start_is_emptied_once():
+    out = convert(TRUNCATED).output
+    assert 'if accelerator.is_main_process:\n    with open(log_file, "w") as f:' in out
+
+
+def test_data_split_by_the_scripts_own_loader_handed_the_rank_is_said_to_be():
+    """build-nanoGPT's `DataLoaderLite(B, T, process_rank=ddp_rank, num_processes=ddp_world_size)`."""
+    source = '''import os
+import torch
+from torch.distributed import init_process_group, destroy_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ddp = int(os.environ.get("RANK", -1)) != -1
+if ddp:
+    init_process_group(backend="nccl")
+    ddp_rank = int(os.environ["RANK"])
+    ddp_local_rank = int(os.environ["LOCAL_RANK"])
+    ddp_world_size = int(os.environ["WORLD_SIZE"])
+    device = f"cuda:{ddp_local_rank}"
+    torch.cuda.set_device(device)
+else:
+    ddp_rank = 0
+    ddp_world_size = 1
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+train_loader = DataLoaderLite(B=4, T=8, process_rank=ddp_rank, num_processes=ddp_world_size)
+model = Net().to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+if ddp:
+    model = DDP(model, device_ids=[ddp_local_rank])
+for step in range(10):
+    for micro_step in range(4):
+        x, y = train_loader.next_batch()
+        x, y = x.to(device), y.to(device)
+        loss = model(x, y)
+        loss.backward()
+    optimizer.step()
+if ddp:
+    destroy_process_group()
+'''
+    result = convert(source)
+    note = next(f for f in result.findings if f.code == "ACC124")
+    assert "handed the process's rank, which splits the data between the processes itself" in note.message
+    assert "ddp_rank = accelerator.process_index" in result.output and "process_rank=ddp_rank" in result.output
