@@ -29,9 +29,11 @@ TARGET_MODULES = {
         "DistributedDataParallelKwargs": "accelerate",
         "set_seed": "accelerate.utils",
         "gather_object": "accelerate.utils",
+        "reduce": "accelerate.utils",
+        "wait_for_everyone": "accelerate.utils",
     },
-    "runtime": dict.fromkeys(("Accelerator", "DistributedDataParallelKwargs", "set_seed", "gather_object"),
-                             "accelify.runtime"),
+    "runtime": dict.fromkeys(("Accelerator", "DistributedDataParallelKwargs", "set_seed", "gather_object", "reduce",
+                              "wait_for_everyone"), "accelify.runtime"),
 }
 
 

@@ -16,8 +16,9 @@ from accelify.analyses.samplers import sampler_shuffle
 from accelify.queries.names import DATALOADERS, has_qname
 from accelify.queries.refs import ref_of
 from accelify.queries.trees import remove_imports_of
+from accelify.queries.walk import findall
 
-from .base import AccelifyCodemod, accelerator_attr, cpu_string, loads_on_the_cpu
+from .base import AccelifyCodemod, accelerator_attr, add_target_import, cpu_string, loads_on_the_cpu
 
 
 class Distributed(AccelifyCodemod):
@@ -121,6 +122,12 @@ class Distributed(AccelifyCodemod):
             tensor = cst.Module(body=[]).code_for_node(updated_node.body[0].value.args[0].value)  # type: ignore[attr-defined]
             op = reduce_op(self, call)
             accelerator = self.accelerator_at(original_node)
+            if accelerator is None and self._free("reduce"):
+                # in a model's forward, a loss, a helper the Accelerator cannot reach (Barlow Twins' `all_reduce(c)`):
+                # accelerate's function, which works on the process group the Accelerator set up (and in one process)
+                add_target_import(self.context, "reduce")
+                return self._rewrite(original_node, updated_node, f'{tensor} = reduce({tensor}, reduction="{op}")',
+                                     f"`all_reduce({tensor})` -> `{tensor} = reduce({tensor}, ...)` (accelerate.utils)")
             if accelerator is None:
                 return self._unreachable(original_node, updated_node)
             return self._rewrite(original_node, updated_node, f'{tensor} = {accelerator}.reduce({tensor}, reduction="{op}")',
@@ -164,9 +171,16 @@ class Distributed(AccelifyCodemod):
     def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, method: str,
                    what: str) -> cst.BaseStatement:
         accelerator = self.accelerator_at(original)
+        if accelerator is None and method == "wait_for_everyone()" and self._free("wait_for_everyone"):
+            add_target_import(self.context, "wait_for_everyone")
+            return self._rewrite(original, updated, "wait_for_everyone()", f"{what} -> `wait_for_everyone()` (accelerate.utils)")
         if accelerator is None:
             return self._unreachable(original, updated)
         return self._rewrite(original, updated, f"{accelerator}.{method}", f"{what} -> `{accelerator}.{method}`")
+
+    def _free(self, name: str) -> bool:
+        """``name`` is read or bound nowhere in the file (``from functools import reduce`` would clash)."""
+        return not findall(self.shared.module, m.Name(name))
 
     def _unreachable(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
         self.refuse(original, "ACC126", "this distributed call is in code that cannot reach the Accelerator; "

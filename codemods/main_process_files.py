@@ -14,7 +14,7 @@ from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.hazards import COLLECTIVES
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import under_main_process_check
-from accelify.queries.blocks import binds, enclosing_function, scope_root, statement_line, under
+from accelify.queries.blocks import binds, enclosing_function, scope_root, statement_line, under, under_rank_test
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
 from accelify.queries.refs import assigned_values, key_at, ref_of
@@ -642,10 +642,14 @@ class MainProcessFiles(AccelifyCodemod):
         flush()
         return out
 
-    def _everyone_gets_here(self, node: cst.CSTNode) -> bool:
+    def _everyone_gets_here(self, node: cst.CSTNode, depth: int = 0) -> bool:
         """Does every process run ``node`` at the same point (a barrier after it cannot hang)? Not under
-        a test each process decides on its own (``if acc > best:``), in its function or at a call of it."""
-        if self._taint.guarded_by(node) is not None:
+        a test each process decides on its own (``if acc > best:``) or a rank test, in its function or at
+        a call of it, up through the functions that call it (llama2.c's ``hf_export``, called by
+        ``model_export``, called by the master process only)."""
+        if self._taint.guarded_by(node) is not None or under_rank_test(self, node) or (
+            depth and under_main_process_check(self, node)
+        ):
             return False
         func = self.get_metadata(ParentNodeProvider, node, None)
         while func is not None and not isinstance(func, (cst.FunctionDef, cst.Module)):
@@ -654,9 +658,7 @@ class MainProcessFiles(AccelifyCodemod):
             return True
         name = func.name.value
         calls = findall(self._module, m.Call(func=m.Name(name) | m.Attribute(attr=m.Name(name))))
-        return bool(calls) and all(
-            self._taint.guarded_by(call) is None and not under_main_process_check(self, call) for call in calls
-        )
+        return bool(calls) and depth < 4 and all(self._everyone_gets_here(call, depth + 1) for call in calls)
 
     @staticmethod
     def _pretrained(stmt: cst.SimpleStatementLine) -> bool:

@@ -12,7 +12,7 @@ from libcst.metadata import ClassScope, ParentNodeProvider, ScopeProvider
 from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import rank_attribute, under_main_process_check
-from accelify.queries.blocks import enclosing_function
+from accelify.queries.blocks import enclosing_function, under_rank_test
 from accelify.queries.names import TORCH_LOAD, TORCH_SAVE, code_of, qualified_names
 from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.training import direct_calls
@@ -159,7 +159,9 @@ class Saving(AccelifyCodemod):
         return updated_node if unwrapped is None else unwrapped
 
     def _per_process(self, node: cst.CSTNode) -> bool:
-        return self._taint.guarded_by(node) is not None
+        """Under a test each process decides on its own (``if acc > best:``), or one spelled like a rank test
+        accelify did not recognise as one (``if args.rank == 0:``): not every process gets there."""
+        return self._taint.guarded_by(node) is not None or under_rank_test(self, node)
 
     def _model_state(self, expr: cst.BaseExpression) -> Optional[str]:
         """``model.state_dict()`` or ``accelerator.unwrap_model(model).state_dict()`` -> the model's code."""
@@ -234,7 +236,9 @@ class Saving(AccelifyCodemod):
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
         if self._unsynced and any(qualified_names(self, c.func) & TORCH_LOAD for c in findall(original_node, m.Call())):  # type: ignore[attr-defined]
             accelerator = self.accelerator_at(original_node)
-            if accelerator is not None and not under_main_process_check(self, original_node) and not self._per_process(original_node):
+            if accelerator is not None and not under_main_process_check(self, original_node) and not self._per_process(
+                original_node
+            ) and self._every_process_calls(original_node):
                 # A file saved under a test (`if acc > best:`) may still be being written by the main
                 # process: every process waits for it before reading it back.
                 self._unsynced = False

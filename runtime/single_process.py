@@ -84,6 +84,15 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """accelerate.utils.reduce in one process: a copy of the tensor (the sum or mean over one process)."""
+    return tensor.clone()
+
+
+def wait_for_everyone() -> None:
+    """accelerate.utils.wait_for_everyone in one process: nothing to wait for."""
+
+
 def gather_object(object: Any) -> Any:  # noqa: A002 (accelerate's parameter name)
     """``accelerate.utils.gather_object`` in one process: the object, unchanged."""
     return object

@@ -128,3 +128,42 @@ if ddp:
     note = next(f for f in result.findings if f.code == "ACC124")
     assert "handed the process's rank, which splits the data between the processes itself" in note.message
     assert "ddp_rank = accelerator.process_index" in result.output and "process_rank=ddp_rank" in result.output
+
+
+LOSS_REDUCED = SPAWNED.replace('''class LARS(optim.Optimizer):''', '''class CrossCorrelation(torch.nn.Module):
+    def forward(self, z1, z2):
+        c = z1.T @ z2
+        c.div_(z1.shape[0])
+        torch.distributed.all_reduce(c)
+        return (c - torch.eye(c.shape[0])).pow(2).sum()
+
+
+class LARS(optim.Optimizer):''')
+
+
+def test_an_all_reduce_the_accelerator_cannot_reach_is_accelerates_function():
+    """Barlow Twins sums the cross-correlation over the processes inside the model's forward: there is
+    no Accelerator there; `accelerate.utils.reduce` works on the process group it set up (a copy, in one
+    process), so `c = reduce(c, reduction="sum")`."""
+    result = convert(LOSS_REDUCED)
+    assert '        c = reduce(c, reduction="sum")\n' in result.output
+    assert "from accelerate.utils import reduce" in result.output
+    runtime = convert(LOSS_REDUCED, target="runtime").output
+    assert "from accelify.runtime import Accelerator, reduce" in runtime or "from accelify.runtime import reduce" in runtime
+
+
+def test_reduce_already_a_name_of_the_file_is_not_shadowed():
+    source = "from functools import reduce\n" + LOSS_REDUCED
+    result = convert(source)
+    assert result.output == source and "ACC126" in [f.code for f in result.findings]
+
+
+def test_no_barrier_where_a_rank_test_accelify_does_not_know_keeps_the_other_processes_out():
+    """Barlow Twins saves under `if args.rank == 0:` (`args.rank += gpu`, a rank accelify does not follow):
+    a `wait_for_everyone()` inserted there would wait for processes that never come."""
+    source = SPAWNED.replace("        optimizer.step()\n", "        optimizer.step()\n"
+                             "    if args.rank == 0:\n"
+                             "        torch.save(model.module.state_dict(), 'model.pt')\n")
+    out = convert(source).output
+    assert "accelerator.save(accelerator.unwrap_model(model).state_dict(), 'model.pt')" in out
+    assert "wait_for_everyone" not in out

@@ -3,6 +3,7 @@ statement binds, the function or scope around a node."""
 
 from __future__ import annotations
 
+import re
 from typing import Iterator, Optional, Sequence, Union
 
 import libcst as cst
@@ -125,6 +126,26 @@ def under(visitor: cst.MetadataDependent, node: cst.CSTNode, kinds: tuple[type, 
         if isinstance(parent, kinds):
             return True
         parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+    return False
+
+
+#: names that hold a rank, or say whether this process is the main one (`args.rank`, `gpu`, `master_process`)
+_RANKISH = re.compile(r"(^|_)(rank|gpu|gpu_id|master|main_process|is_main|process_index|local_rank)($|_)", re.I)
+
+
+def under_rank_test(visitor: cst.MetadataDependent, node: cst.CSTNode) -> bool:
+    """Inside an ``if`` (of its function) whose test reads a name spelled like a rank or a main-process
+    flag (``if args.rank == 0:``, ``if gpu == 0:``): not every process gets there, whatever accelify
+    recognised of it; a barrier there would wait for processes that never come."""
+    from libcst.metadata import ParentNodeProvider
+
+    child, parent = node, visitor.get_metadata(ParentNodeProvider, node, None)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, cst.If) and child is not parent.test and any(
+            _RANKISH.search(n.value) for n in m.findall(parent.test, m.Name())  # type: ignore[attr-defined]
+        ):
+            return True
+        child, parent = parent, visitor.get_metadata(ParentNodeProvider, parent, None)
     return False
 
 
