@@ -167,3 +167,17 @@ def test_no_barrier_where_a_rank_test_accelify_does_not_know_keeps_the_other_pro
     out = convert(source).output
     assert "accelerator.save(accelerator.unwrap_model(model).state_dict(), 'model.pt')" in out
     assert "wait_for_everyone" not in out
+
+
+def test_a_world_size_counted_by_the_script_and_read_is_refused_with_its_line():
+    """Barlow Twins: `args.world_size = args.ngpus_per_node` (the GPUs of the machine), handed to the process
+    group and read for the batch of each process: left so, on 2 processes of an 8-GPU machine each would
+    take an eighth of the batch (and on a CPU divide by zero)."""
+    source = SPAWNED.replace('dist.init_process_group(backend="gloo", init_method="env://", world_size=2, rank=gpu)',
+                             'dist.init_process_group(backend="gloo", init_method="env://", world_size=args.world_size, '
+                             'rank=gpu)\n    per_device = args.batch_size // args.world_size')
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC126")
+    assert "`per_device = args.batch_size // args.world_size`" in finding.message
+    assert "accelerator.num_processes" in finding.suggestion

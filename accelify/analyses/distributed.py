@@ -59,7 +59,7 @@ from accelify.analyses.ranks import (
     rank_source,
 )
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
-from accelify.queries.blocks import inside
+from accelify.queries.blocks import inside, statement_line
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import code_of, has_qname, qualified_names
 from accelify.queries.refs import Ref, ref_of
@@ -412,6 +412,9 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
     if names & INIT:
         if statement is None:
             return call, "`init_process_group(...)` is used as a value", "call it as a statement"
+        why = _world_size_read(facts, call)
+        if why is not None:
+            return why
         dist.remove.add(id(statement))
         return None
     if names & DESTROY:
@@ -434,6 +437,29 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
     return (call, f"`{code_of(call.func)}` ({sorted(names)[0]}) has no Accelerate equivalent accelify knows",
             "convert this call by hand (`accelerator.gather`, `accelerator.reduce`, `broadcast_object_list` in "
             "`accelerate.utils`), then run accelify again")
+
+
+def _world_size_read(facts: Facts, call: cst.Call) -> Optional[Why]:
+    """``init_process_group(..., world_size=args.world_size)`` with ``args.world_size`` computed by hand
+    (Barlow Twins: ``args.world_size = args.ngpus_per_node``, the GPUs of the machine) and read elsewhere
+    (``args.batch_size // args.world_size``): under ``accelerate launch`` the processes are not those GPUs,
+    and nothing here turns the reads into ``accelerator.num_processes``."""
+    for arg in call.args:
+        value = arg.value
+        if arg.keyword is None or arg.keyword.value != "world_size" or not isinstance(value, cst.Attribute):
+            continue
+        reads = [n for n in findall(facts.module, m.Attribute(attr=m.Name(value.attr.value)))
+                 if code_of(n) == code_of(value) and n is not value and not inside(facts, n, {id(call)})
+                 and not isinstance(facts.get_metadata(ParentNodeProvider, n, None), cst.AssignTarget)]
+        if reads:
+            line = statement_line(facts, reads[0])
+            where = code_of(line).strip() if line is not None else code_of(reads[0])
+            return (reads[0], f"`{code_of(value)}`, the world size the process group is given, is computed by the "
+                    f"script and read here (`{where}`): under `accelerate launch` the processes are the "
+                    "launcher's, not what the script counted",
+                    f"read `accelerator.num_processes` (or `dist.get_world_size()`) here instead of `{code_of(value)}`, "
+                    "then run accelify again")
+    return None
 
 
 def _all_reduce(facts: Facts, call: cst.Call, statement: Optional[cst.SimpleStatementLine]) -> Optional[Why]:
