@@ -642,7 +642,7 @@ class MainProcessFiles(AccelifyCodemod):
         flush()
         return out
 
-    def _everyone_gets_here(self, node: cst.CSTNode, depth: int = 0) -> bool:
+    def _everyone_gets_here(self, node: cst.CSTNode, depth: int = 0, seen: frozenset[str] = frozenset()) -> bool:
         """Does every process run ``node`` at the same point (a barrier after it cannot hang)? Not under
         a test each process decides on its own (``if acc > best:``) or a rank test, in its function or at
         a call of it, up through the functions that call it (llama2.c's ``hf_export``, called by
@@ -657,8 +657,11 @@ class MainProcessFiles(AccelifyCodemod):
         if not isinstance(func, cst.FunctionDef):
             return True
         name = func.name.value
+        if name in seen:
+            return True  # round a cycle of calls (`train` and `self.model.train()` share a name): nothing new
         calls = findall(self._module, m.Call(func=m.Name(name) | m.Attribute(attr=m.Name(name))))
-        return bool(calls) and depth < 4 and all(self._everyone_gets_here(call, depth + 1) for call in calls)
+        return bool(calls) and depth < 4 and all(
+            self._everyone_gets_here(call, depth + 1, seen | {name}) for call in calls)
 
     @staticmethod
     def _pretrained(stmt: cst.SimpleStatementLine) -> bool:

@@ -181,3 +181,45 @@ def test_a_world_size_counted_by_the_script_and_read_is_refused_with_its_line():
     finding = next(f for f in result.findings if f.code == "ACC126")
     assert "`per_device = args.batch_size // args.world_size`" in finding.message
     assert "accelerator.num_processes" in finding.suggestion
+
+
+def test_a_barrier_after_a_save_is_kept_when_a_method_and_a_model_call_share_its_callers_name():
+    """JointBERT's `Trainer.train()` calls `self.model.train()`: following the callers of `save_model` up
+    through `train` must not go round that name forever and give up (the barrier before `load_model`
+    reading the saved model back was lost)."""
+    source = '''import os
+import torch
+from torch.utils.data import DataLoader
+
+
+class Trainer:
+    def __init__(self, args, dataset):
+        self.args = args
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = Net().to(self.device)
+        self.loader = DataLoader(dataset, batch_size=8)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def train(self):
+        self.model.train()
+        for step, (x, y) in enumerate(self.loader):
+            x, y = x.to(self.device), y.to(self.device)
+            loss = criterion(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            if step % 10 == 0:
+                self.save_model()
+
+    def save_model(self):
+        self.model.save_pretrained(self.args.model_dir)
+
+    def load_model(self):
+        self.model = Net.from_pretrained(self.args.model_dir)
+
+
+trainer = Trainer(args, dataset)
+trainer.train()
+trainer.load_model()
+'''
+    out = convert(source).output
+    assert "self.accelerator.wait_for_everyone()" in out
