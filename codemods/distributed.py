@@ -13,6 +13,7 @@ from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, r
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
+from accelify.queries.blocks import enclosing_function
 from accelify.queries.names import DATALOADERS, has_qname
 from accelify.queries.refs import ref_of
 from accelify.queries.trees import remove_imports_of
@@ -183,14 +184,16 @@ class Distributed(AccelifyCodemod):
         return not findall(self.shared.module, m.Name(name))
 
     def _unreachable(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
-        self.refuse(original, "ACC126", "this distributed call is in code that cannot reach the Accelerator; "
-                    "file not converted.", "pass the accelerator to this function")
+        code = cst.Module(body=[]).code_for_node(original).strip().splitlines()[0]
+        where = enclosing_function(self, original)
+        place = f"`{where.name.value}`" if where is not None else "the module"
+        self.refuse(original, "ACC126", f"`{code}` (a rank or a collective of the launch) is in {place}, which "
+                    "cannot reach the Accelerator (created where the training objects are); file not converted.",
+                    f"create the Accelerator before {place} uses it, or pass it the accelerator")
         return updated
 
     def _in_removed_helper(self, node: cst.CSTNode) -> bool:
         """Inside ``ddp_setup()``/``cleanup()``, which go whole."""
-        from accelify.queries.blocks import enclosing_function
-
         dist = self.plan.distributed
         func = enclosing_function(self, node)
         return dist is not None and func is not None and func.name.value in (dist.helpers | dist.teardowns) and (

@@ -223,3 +223,14 @@ trainer.load_model()
 '''
     out = convert(source).output
     assert "self.accelerator.wait_for_everyone()" in out
+
+
+def test_a_rank_read_where_no_accelerator_exists_is_named():
+    """pytorch-distributed (tczhangzhi): `main_worker(args.local_rank, args.nprocs, args)` in `main()`, before
+    the worker creates the Accelerator. The finding said "this distributed call" of a rank read."""
+    source = SPAWNED.replace("    mp.spawn(main_worker, (args,), 2)\n", "    main_worker(args.local_rank, args)\n").replace(
+        "if __name__", "parser.add_argument('--local_rank', type=int, default=0)\n\n\nif __name__")
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC126")
+    assert finding.message.startswith("`args.local_rank` (a rank or a collective of the launch) is in the module")
