@@ -389,9 +389,6 @@ class _Fold(cst.CSTTransformer):
             return updated_node.left
         return updated_node
 
-    def leave_Parenthesized(self, original_node, updated_node):  # pragma: no cover - libcst has no such node
-        return updated_node
-
     # ------------------------------------------------------------------ statements
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Union[
         cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement], cst.RemovalSentinel
@@ -399,7 +396,7 @@ class _Fold(cst.CSTTransformer):
         if original_node is self.launch.statement:
             return self._keep(updated_node.body, updated_node)
         while isinstance(updated_node.orelse, cst.If):  # `elif` (decided here: its parent slot takes no list)
-            elif_value = self._value(_unparenthesised(updated_node.orelse.test))
+            elif_value = self._value(updated_node.orelse.test)
             if elif_value is True:
                 updated_node = updated_node.with_changes(orelse=cst.Else(body=updated_node.orelse.body))
             elif elif_value is False:
@@ -408,7 +405,7 @@ class _Fold(cst.CSTTransformer):
                 break
         if id(original_node) in self._elifs:
             return updated_node
-        value = self._value(_unparenthesised(updated_node.test))
+        value = self._value(updated_node.test)
         if value is True:
             return self._keep(updated_node.body, updated_node)
         if value is False:
@@ -431,7 +428,7 @@ class _Fold(cst.CSTTransformer):
         return cst.FlattenSentinel(body)
 
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
-        value = self._value(_unparenthesised(updated_node.test))
+        value = self._value(updated_node.test)
         if value is None:
             return updated_node
         return updated_node.body if value else updated_node.orelse
@@ -453,10 +450,6 @@ class _Fold(cst.CSTTransformer):
         names = [_attr(t) for t in targets]
         gone = self.launch.setup_attrs | self.launch.flags
         return all(n is not None and n[0] == self.launch.args and n[1] in gone for n in names)
-
-
-def _unparenthesised(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node
 
 
 def _has_call(node: cst.CSTNode) -> bool:

@@ -469,35 +469,28 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                     "one process does), or build a `Dataset` + `DataLoader`, which `prepare` shards.",
                 )
                 return False
-            split = _split_by_rank(facts, plan, loops[0])
-            if split is not None:
-                facts.note(
-                    plan, loops[0], "ACC124",
-                    f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
-                    f"DataLoader: its batches come from `{code_of(split)}`, handed the process's rank, which splits "
-                    "the data between the processes itself, as in the original.",
-                    "nothing to do; a `torch.utils.data.Dataset` + `DataLoader` would let `prepare` shard it instead.",
-                )
-                return True
-            seed = _per_process_seed(facts, plan)
-            if seed is not None:
-                facts.note(
-                    plan, loops[0], "ACC124",
-                    f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
-                    f"DataLoader: its batches are drawn at random with a seed of each process's own (`{code_of(seed)}`), "
-                    "so each process trains on draws of its own, as in the original (not sharded: no epoch is split).",
-                    "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, if an "
-                    "epoch should be split between the processes.",
-                )
-                return True
-            facts.note(
-                plan, loops[0], "ACC124",
-                f"the training loop runs over `{code_of(peel_iterable(facts, loops[0].iter))}`, not over a "
-                "DataLoader: its data is not sharded, every process trains on all of it (correct, but no faster).",
-                "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, or "
-                "slice it per process with `accelerator.split_between_processes`.",
-            )
+            facts.note(plan, loops[0], "ACC124", *_unsharded_data(facts, plan, loops[0]))
     return True
+
+
+def _unsharded_data(facts: Facts, plan: Plan, loop: cst.For) -> tuple[str, str]:
+    """ACC124's message and suggestion: a training loop over no DataLoader. Its data is not sharded; what
+    each process draws: the script's own loader split by rank, its own seeded draws, or all of it."""
+    head = f"the training loop runs over `{code_of(peel_iterable(facts, loop.iter))}`, not over a DataLoader: "
+    split = _split_by_rank(facts, plan, loop)
+    if split is not None:
+        return (head + f"its batches come from `{code_of(split)}`, handed the process's rank, which splits the data "
+                "between the processes itself, as in the original.",
+                "nothing to do; a `torch.utils.data.Dataset` + `DataLoader` would let `prepare` shard it instead.")
+    seed = _per_process_seed(facts, plan)
+    if seed is not None:
+        return (head + f"its batches are drawn at random with a seed of each process's own (`{code_of(seed)}`), so "
+                "each process trains on draws of its own, as in the original (not sharded: no epoch is split).",
+                "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, if an epoch "
+                "should be split between the processes.")
+    return (head + "its data is not sharded, every process trains on all of it (correct, but no faster).",
+            "wrap the data in a `torch.utils.data.Dataset` + `DataLoader`, which `prepare` shards, or slice it per "
+            "process with `accelerator.split_between_processes`.")
 
 
 def _split_by_rank(facts: Facts, plan: Plan, loop: cst.CSTNode) -> Optional[cst.Call]:
