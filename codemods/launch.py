@@ -137,6 +137,8 @@ class SpawnLaunch(AccelifyCodemod):
     def specialise(module: cst.Module) -> Optional[Launched]:
         """The module with its launch flags taken as set; None when the file has no such launch or a
         flag cannot be decided everywhere."""
+        if not _candidate(module):
+            return None  # (the metadata below costs a scope analysis of the whole file: only for a launch's shape)
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         launch = _find_launch(wrapper)
         if launch is None:
@@ -184,6 +186,13 @@ class _Launch:
     #: attribute -> `init_process_group` keyword it is handed as (`world_size`, `rank`)
     setup_keywords: dict[str, str] = field(default_factory=dict)
     line: int = 0
+
+
+def _candidate(module: cst.Module) -> bool:
+    """Syntax only: an ``if`` whose body calls something named ``spawn`` and that has an ``else:``."""
+    spawn = m.Call(func=m.Name("spawn") | m.Attribute(attr=m.Name("spawn")))
+    return any(isinstance(node.orelse, cst.Else) and findall(node.body, spawn)  # type: ignore[attr-defined]
+               for node in findall(module, m.If()))
 
 
 def _attr(node: cst.CSTNode) -> Optional[tuple[str, str]]:

@@ -152,16 +152,15 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
         model for value in values for c in findall(value, m.Call())
         for model in _param_group_models(c)  # type: ignore[arg-type]
     ]
-    # lists filled in a loop over the parameters (Barlow Twins: `for param in model.parameters():
-    # (param_biases if param.ndim == 1 else param_weights).append(param)`, then `[{'params': param_weights}, ...]`)
-    found = found or [
-        model for value in values for name in findall(value, m.Name())
-        for group in facts.bound_values(name) for inner in findall(group, m.Name())  # type: ignore[arg-type]
-        for model in _filled_from_parameters(facts, inner)  # type: ignore[arg-type]
-    ] or [model for value in values for name in findall(value, m.Name())
-          for model in _filled_from_parameters(facts, name)]  # type: ignore[arg-type]
     is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
     looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names)
+    if not found and (is_torch_optim or looks_like_optim) and facts.loops:
+        # lists filled in a loop over the parameters (Barlow Twins: `for param in model.parameters():
+        # (param_biases if param.ndim == 1 else param_weights).append(param)`, then `[{'params': param_weights}, ...]`)
+        filled = _filled_from_parameters(facts)
+        found = [filled[inner.value] for value in values for name in findall(value, m.Name())  # type: ignore[attr-defined]
+                 for group in [name, *facts.bound_values(name)] for inner in findall(group, m.Name())  # type: ignore[arg-type]
+                 if inner.value in filled]  # type: ignore[attr-defined]
     if (is_torch_optim or looks_like_optim) and found:
         return found
     if is_torch_optim:
@@ -169,16 +168,16 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
     return _one_line_factory(facts, call)
 
 
-def _filled_from_parameters(facts: Facts, name: cst.Name) -> list[cst.BaseExpression]:
-    """``name.append(p)`` inside ``for p in model.parameters():`` (or ``named_parameters()``): ``[model]``."""
-    models: list[cst.BaseExpression] = []
+def _filled_from_parameters(facts: Facts) -> dict[str, cst.BaseExpression]:
+    """``name.append(p)`` inside ``for p in model.parameters():`` (or ``named_parameters()``): name -> ``model``."""
+    filled: dict[str, cst.BaseExpression] = {}
     for loop in facts.loops:
         source = loop.iter
         if not m.matches(source, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))):
             continue
-        if findall(loop.body, m.Call(func=m.Attribute(value=m.Name(name.value), attr=m.Name("append")))):
-            models.append(source.func.value)  # type: ignore[attr-defined]
-    return models
+        for call in findall(loop.body, m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("append")))):
+            filled.setdefault(call.func.value.value, source.func.value)  # type: ignore[attr-defined]
+    return filled
 
 
 _PARAM_GROUPS = re.compile(r"param", re.I)
