@@ -185,6 +185,7 @@ class _Launch:
     dist_module: Optional[str] = None
     #: attribute -> `init_process_group` keyword it is handed as (`world_size`, `rank`)
     setup_keywords: dict[str, str] = field(default_factory=dict)
+    inits: set[int] = field(default_factory=set)  # ids of the `init_process_group(...)` calls
     line: int = 0
 
 
@@ -252,6 +253,7 @@ def _find_launch(wrapper: MetadataWrapper) -> Optional[_Launch]:
     for init in findall(module, m.Call()):
         if not _qualified(wrapper, init.func) & INIT:
             continue
+        launch.inits.add(id(init))
         for arg in init.args:
             named = _attr(arg.value)
             if arg.keyword is not None and arg.keyword.value in _SETUP_KEYWORDS and named and named[0] == launch.args:
@@ -313,11 +315,11 @@ class _Fold(cst.CSTTransformer):
         return None
 
     def visit_Call(self, node: cst.Call) -> None:
-        if m.matches(node.func, m.Attribute(attr=m.Name("init_process_group")) | m.Name("init_process_group")):
+        if id(node) in self.launch.inits:
             self._in_init += 1
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if m.matches(original_node.func, m.Attribute(attr=m.Name("init_process_group")) | m.Name("init_process_group")):
+        if id(original_node) in self.launch.inits:
             self._in_init -= 1
         return updated_node
 

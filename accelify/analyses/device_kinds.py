@@ -169,8 +169,8 @@ def per_process_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression)
         return (isinstance(text, cst.FormattedStringText) and text.value in ("cuda:", "xpu:", "npu:")
                 and isinstance(value, cst.FormattedStringExpression) and value.format_spec is None
                 and rank(value.expression))
-    if _formatted_device(expr) is not None:  # "cuda:{}".format(gpu)
-        return rank(_formatted_device(expr))  # type: ignore[arg-type]
+    if (index := _formatted_device(expr)) is not None:  # "cuda:{}".format(gpu)
+        return rank(index)
     if isinstance(expr, cst.Call) and has_qname(visitor, expr.func, TORCH_DEVICE) and expr.args:
         if len(expr.args) == 1:
             return per_process_device(visitor, expr.args[0].value)

@@ -24,7 +24,7 @@ from libcst.metadata import ParentNodeProvider, ScopeProvider
 from accelify.analyses.accelerator import Arguments
 from accelify.analyses.device_kinds import chosen_index, classify_device, per_process_device
 from accelify.analyses.facts import Facts, chain_root
-from accelify.queries.blocks import inside, statement_line
+from accelify.queries.blocks import inside, statement_line, under
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import code_of, read_names, string_value
 from accelify.queries.refs import Ref, ref_of
@@ -68,20 +68,17 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
             if _is_string(value):
                 plan.string_devices.add(name)
             flag = _flag_of(facts, value)
+            # `device_type = "cuda" if "cuda" in device else "cpu"` tests a device the conversion replaces, no
+            # flag of the user's; only a device setting (nanoGPT's `device = 'cuda'`) is worth a word (ACC144)
             read = _device_read(facts, value) if flag is not None else None
-            setting = read if read is not None and _is_setting(facts, read) else None
-            if read is not None and setting is None:
-                pass  # `"cuda" if device.startswith("cuda") else "cpu"` of a device chosen as Accelerate does
-            elif setting is not None:
-                # `device_type = "cuda" if "cuda" in device else "cpu"`: no flag of the user's but the
-                # device setting itself, which the conversion replaces (nanoGPT's `device = 'cuda'`)
+            if read is None and flag is not None:
+                plan.cpu_flag = flag
+            elif read is not None and _is_setting(facts, read):
                 facts.note(plan, assigns[0], "ACC144",
-                           f"`{name}` followed the `{setting.value}` setting, which no longer chooses the device: "
+                           f"`{name}` followed the `{read.value}` setting, which no longer chooses the device: "
                            "Accelerate does (each process its GPU, the CPU without one).",
                            "to train on the CPU where there is a GPU, run `accelerate launch --cpu` (the setting "
                            "is no longer one the script reads).")
-            elif flag is not None:
-                plan.cpu_flag = flag
         elif kind.kind == "cpu":
             facts.finding(plan, assigns[0], "ACC102",
                           f"`{name}` forces the CPU; converting would move training to the accelerator. File not converted.",
@@ -318,18 +315,8 @@ def _device_read(facts: Facts, value: cst.BaseExpression) -> Optional[cst.Name]:
 def _is_setting(facts: Facts, name: cst.Name) -> bool:
     """``device = 'cuda'`` bound to a string whatever runs: a setting (nanoGPT's, which ``--device=cpu`` overrides)."""
     ref = ref_of(facts, name)
-    return ref is not None and any(string_value(a.value) not in (None, "cpu") and not _conditional(facts, a)
+    return ref is not None and any(string_value(a.value) not in (None, "cpu") and not under(facts, a, (cst.If,))
                                    for a in facts.assigns.get(ref, []))  # (`"cpu"` then upgraded: a default)
-
-
-def _conditional(facts: Facts, node: cst.CSTNode) -> bool:
-    """``node`` runs under an ``if`` of its function (or of the module)."""
-    parent = facts.get_metadata(ParentNodeProvider, node, None)
-    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-        if isinstance(parent, (cst.If, cst.Else)):
-            return True
-        parent = facts.get_metadata(ParentNodeProvider, parent, None)
-    return False
 
 
 def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optional[str]:
