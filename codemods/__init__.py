@@ -27,6 +27,7 @@ from .loading import Loading
 from .main_process import MainProcessOutput
 from .mixed_precision import MixedPrecision
 from .numpy_cpu import NumpyOnCpu
+from .optimizer_step import OptimizerStepClosure
 from .placement import RemovePlacement
 from .prepare import Prepare
 from .saving import Saving
@@ -34,6 +35,7 @@ from .seeding import Seeding
 from .split_inference import SplitInference
 from .synced_skip import SyncedSkip
 from .visible_devices import LauncherDevices
+from .world_size import ProcessGroupAttributes
 
 # The order matters:
 # 1. placement first: it must still see `.to(device)` to know what the device var is used for;
@@ -56,13 +58,14 @@ from .visible_devices import LauncherDevices
 # LauncherDevices removes the script's CUDA_VISIBLE_DEVICES before the device codemod replaces the
 # device next to it; CountersOnDevice, HostInputs, ConsoleHelpers and SyncedSkip name the Accelerator, so they come
 # before it.
-# The import visitors run after all of them (in the pipeline). SpawnLaunch is listed for its code and
-# docs: it runs before the analysis (`accelify.core.pipeline`), never in the one traversal.
+# The import visitors run after all of them (in the pipeline). SpawnLaunch and ProcessGroupAttributes are
+# listed for their codes and docs: they run before the analysis (`accelify.core.pipeline`), never in the one
+# traversal.
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    SpawnLaunch,  # (before the analysis, on the file as written: it never runs in the traversal)
+    SpawnLaunch, ProcessGroupAttributes,  # (before the analysis, on the file as written: never in the traversal)
     RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, AcceleratorParameter, Prepare,
-    GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes, GatherForMetrics,
-    MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
+    OptimizerStepClosure, GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes,
+    GatherForMetrics, MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
     AddAccelerator,
     MainProcessOutput,
 )

@@ -11,6 +11,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNamePr
 
 from accelify.analyses.distributed import INIT, SPAWN
 from accelify.analyses.plan import Plan
+from accelify.queries.records import Finding
 from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
@@ -126,6 +127,7 @@ class SpawnLaunch(AccelifyCodemod):
     """
 
     CODE = "ACC027"
+    HINT = "spawn"  # (the text a file needs for this to be looked for at all)
     NAME = "spawn-or-call-launch"
     DESCRIPTION = "A script that spawns its workers or calls one directly keeps its distributed path"
 
@@ -165,6 +167,20 @@ class Launched:
     #: the worker's parameters handed `nprocs` (the GPUs of one machine) that it still reads
     #: (`args.batch_size / ngpus_per_node`): `accelerator.num_processes` once converted, every machine's
     machine_counts: list[str] = field(default_factory=list)
+
+    change = ("the launch is the distributed path: `mp.spawn` starts no process of its own any more, each flag "
+              "of it is taken as set")
+
+    def notes(self, path: str) -> list[Finding]:
+        """ACC143 for each count of one machine's GPUs that the worker still reads."""
+        return [Finding(
+            path, self.line, 1, "ACC143",
+            f"`{count}`, which `{self.worker}` read as the GPUs of one machine (what `mp.spawn` started there), "
+            "is now `accelerator.num_processes`, the processes of the whole run: the same on one machine; on "
+            f"several, what it divides (a batch of one machine) is divided by all of them.",
+            "on several machines, divide by the processes of one machine "
+            "(`accelerator.num_processes // <machines>`) to keep the original's per-machine batch",
+        ) for count in self.machine_counts]
 
 
 @dataclass

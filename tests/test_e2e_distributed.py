@@ -31,6 +31,9 @@ CASES = {
     # the ImageNet example's spawn-or-call launch (ACC027): the batch of a machine divided by its
     # processes, so one process takes batches of 16, two take 8 each
     "ddp_spawn_or_call_runnable": ("spawn", 8, 8),
+    # Barlow Twins' counted world size (ACC028) and its own optimizer with `def step(self)` (ACC029):
+    # the batch of all the processes divided by their number, 8 each on two, 16 on one
+    "ddp_counted_world_size_runnable": ("spawn", 8, 8),
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 

@@ -169,18 +169,17 @@ def test_no_barrier_where_a_rank_test_accelify_does_not_know_keeps_the_other_pro
     assert "wait_for_everyone" not in out
 
 
-def test_a_world_size_counted_by_the_script_and_read_is_refused_with_its_line():
+def test_a_world_size_counted_by_the_script_and_read_is_the_accelerators():
     """Barlow Twins: `args.world_size = args.ngpus_per_node` (the GPUs of the machine), handed to the process
-    group and read for the batch of each process: left so, on 2 processes of an 8-GPU machine each would
-    take an eighth of the batch (and on a CPU divide by zero)."""
+    group and read for the batch of each process: read as the launcher's (ACC028), or on 2 processes of an
+    8-GPU machine each would take an eighth of the batch (and on a CPU divide by zero)."""
     source = SPAWNED.replace('dist.init_process_group(backend="gloo", init_method="env://", world_size=2, rank=gpu)',
                              'dist.init_process_group(backend="gloo", init_method="env://", world_size=args.world_size, '
                              'rank=gpu)\n    per_device = args.batch_size // args.world_size')
     result = convert(source)
-    assert result.output == source
-    finding = next(f for f in result.findings if f.code == "ACC126")
-    assert "`per_device = args.batch_size // args.world_size`" in finding.message
-    assert "accelerator.num_processes" in finding.suggestion
+    assert "per_device = args.batch_size // accelerator.num_processes" in result.output
+    assert "args.world_size" not in result.output
+    assert "ACC028" in [c.code for c in result.changes]
 
 
 def test_a_barrier_after_a_save_is_kept_when_a_method_and_a_model_call_share_its_callers_name():

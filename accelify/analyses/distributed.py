@@ -338,7 +338,7 @@ def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> 
         func.params.posonly_params
     ):
         return call, f"{what} launches `{code_of(worker) if worker else '?'}`, not a plain function of this file", usage
-    uses = [n for n in findall(facts.module, m.Name(func.name.value)) if n is not func.name]
+    uses = [n for n in findall(facts.module, m.Name(func.name.value)) if n is not func.name and not _member_name(facts, n)]
     if len(uses) != 1:
         return call, f"`{func.name.value}` is used elsewhere too, not only launched by {what}", usage
     arguments: list[cst.BaseExpression] = []
@@ -367,6 +367,13 @@ def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> 
             gone.append(param)
     dist.spawn = (id(statement), key, gone)
     return None
+
+
+def _member_name(facts: Facts, name: cst.Name) -> bool:
+    """``model.train`` (an attribute's name) or ``f(train=...)`` (a keyword): not the function ``train``."""
+    parent = facts.get_metadata(ParentNodeProvider, name, None)
+    return (isinstance(parent, cst.Attribute) and parent.attr is name) or (
+        isinstance(parent, cst.Arg) and parent.keyword is name)
 
 
 #: ``mp.spawn(fn, args, nprocs, join, ...)``: the keyword of each argument after ``fn`` given by position

@@ -25,6 +25,7 @@ from accelify.core.project import ProjectSources, training_elsewhere
 from accelify.codemods import gather_codemods
 from accelify.codemods.base import Shared
 from accelify.codemods.launch import SpawnLaunch
+from accelify.codemods.world_size import ProcessGroupAttributes
 from accelify.core.composite import Composite, plan_names
 from accelify.core.metadata import resolve
 from accelify.core.precheck import cpython_error, without_analysis
@@ -84,7 +85,7 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         result = _convert_unit(unit, options) if unit is not None else None
         alone = result is None
         if alone:
-            result = _convert_launched(module, source, path, options) or _convert(module, source, path, options)
+            result = _convert_specialised(module, source, path, options) or _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
         return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {brief(exc)}")
     finally:
@@ -216,33 +217,37 @@ def _move_imports(source: str, entry: str, texts: dict[str, str],
     return entry, new_outputs
 
 
-def _convert_launched(module: cst.Module, source: str, path: str, options: Options) -> Optional[Result]:
-    """A script that spawns its workers or calls one directly (ACC027): converted as its distributed path
-    alone, the positions of what is said put back on the file's lines; None for any other file."""
-    if "spawn" not in source or (options.select is not None and "ACC027" not in options.select):
+#: The codemods that run before the analysis, on the file as written, in this order (each on what the
+#: one before made of it): the script is converted as the path its launch takes.
+SPECIALISERS = (SpawnLaunch, ProcessGroupAttributes)
+
+
+def _convert_specialised(module: cst.Module, source: str, path: str, options: Options) -> Optional[Result]:
+    """A script whose launch decides its path (ACC027) or that counts its processes (ACC028): converted as
+    that path alone, the positions of what is said put back on the file's lines; None for any other file."""
+    steps = []
+    current, text = module, source
+    for codemod in SPECIALISERS:
+        if codemod.HINT not in source or (options.select is not None and codemod.CODE not in options.select):
+            continue
+        done = codemod.specialise(current)
+        if done is None:
+            continue
+        steps.append((codemod, done, _line_map(text, source) if steps else (lambda line: line)))
+        current, text = done.module, done.module.code
+    if not steps:
         return None
-    launched = SpawnLaunch.specialise(module)
-    if launched is None:
-        return None
-    text = launched.module.code
-    result = _convert(launched.module, text, path, options)
+    result = _convert(current, text, path, options)
     lines = _line_map(text, source)
     findings = sorted(replace(f, line=lines(f.line)) for f in result.findings)
     selected = options.select is not None  # `--select ACC027`: the launch alone, whatever else would do
     if result.error is not None or (result.output == text and not selected):
         return Result(path, source, source, findings=findings, error=result.error)  # refused (or an error)
-    changes = sorted([Change(launched.line, SpawnLaunch.CODE, "the launch is the distributed path: `mp.spawn` "
-                             "starts no process of its own any more, each flag of it is taken as set")]
-                     + [replace(c, line=lines(c.line)) for c in result.changes])
-    for count in launched.machine_counts:
-        findings.append(Finding(
-            path, launched.line, 1, "ACC143",
-            f"`{count}`, which `{launched.worker}` read as the GPUs of one machine (what `mp.spawn` started there), "
-            "is now `accelerator.num_processes`, the processes of the whole run: the same on one machine; on "
-            f"several, what it divides (a batch of one machine) is divided by all of them.",
-            "on several machines, divide by the processes of one machine "
-            "(`accelerator.num_processes // <machines>`) to keep the original's per-machine batch"))
-    return Result(path, source, result.output, changes=changes, findings=sorted(findings))
+    changes = [replace(c, line=lines(c.line)) for c in result.changes]
+    for codemod, done, located in steps:
+        changes.append(Change(located(done.line), codemod.CODE, done.change))
+        findings.extend(replace(f, line=located(f.line)) for f in done.notes(path))
+    return Result(path, source, result.output, changes=sorted(changes), findings=sorted(findings))
 
 
 def _line_map(derived: str, source: str):

@@ -15,6 +15,8 @@ from accelify.queries.walk import findall
 # --------------------------------------------------------------------------
 # qualified names
 
+#: ``torch.optim.Optimizer``: a class of the script that subclasses it is an optimizer, whatever its name
+OPTIMIZER_BASES = frozenset({"torch.optim.Optimizer", "torch.optim.optimizer.Optimizer"})
 DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
 TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
