@@ -32,6 +32,7 @@ from .placement import RemovePlacement
 from .prepare import Prepare
 from .saving import Saving
 from .seeding import Seeding
+from .setup_helper import SetUpHelper
 from .split_inference import SplitInference
 from .synced_skip import SyncedSkip
 from .visible_devices import LauncherDevices
@@ -58,11 +59,12 @@ from .world_size import ProcessGroupAttributes
 # LauncherDevices removes the script's CUDA_VISIBLE_DEVICES before the device codemod replaces the
 # device next to it; CountersOnDevice, HostInputs, ConsoleHelpers and SyncedSkip name the Accelerator, so they come
 # before it.
-# The import visitors run after all of them (in the pipeline). SpawnLaunch and ProcessGroupAttributes are
-# listed for their codes and docs: they run before the analysis (`accelify.core.pipeline`), never in the one
+# The import visitors run after all of them (in the pipeline). SpawnLaunch, SetUpHelper and ProcessGroupAttributes
+# are listed for their codes and docs: they run before the analysis (`accelify.core.pipeline`), never in the one
 # traversal.
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
-    SpawnLaunch, ProcessGroupAttributes,  # (before the analysis, on the file as written: never in the traversal)
+    SpawnLaunch, SetUpHelper, ProcessGroupAttributes,  # (before the analysis, on the file as written: never in the
+    # traversal)
     RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, AcceleratorParameter, Prepare,
     OptimizerStepClosure, GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes,
     GatherForMetrics, MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,

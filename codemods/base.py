@@ -31,9 +31,11 @@ TARGET_MODULES = {
         "gather_object": "accelerate.utils",
         "reduce": "accelerate.utils",
         "wait_for_everyone": "accelerate.utils",
+        "PartialState": "accelerate",
+        "gather": "accelerate.utils",
     },
     "runtime": dict.fromkeys(("Accelerator", "DistributedDataParallelKwargs", "set_seed", "gather_object", "reduce",
-                              "wait_for_everyone"), "accelify.runtime"),
+                              "wait_for_everyone", "PartialState", "gather"), "accelify.runtime"),
 }
 
 

@@ -103,6 +103,15 @@ class DataParallel(AccelifyCodemod):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self.unwraps(original_node):
+            if self._is_wrap(original_node) and has_qname(self, original_node.func, DDP):
+                inner = cst.Module(body=[]).code_for_node(original_node.args[0].value)
+                self.refuse(
+                    original_node, "ACC126", f"`DistributedDataParallel({inner}, ...)` wraps a model no optimizer of the "
+                    "script trains, which accelify does not prepare: left, it needs the process group the conversion "
+                    "removes (in one process it fails); file not converted.",
+                    f"prepare it as well (`{inner} = accelerator.prepare({inner})`: DINO wraps its teacher for "
+                    "SyncBatchNorm), or drop the wrapper, then run accelify again",
+                )
             return updated_node
         self.touch()
         kind = "DistributedDataParallel" if has_qname(self, original_node.func, DDP) else "DataParallel"

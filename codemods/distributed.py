@@ -135,11 +135,16 @@ class Distributed(AccelifyCodemod):
                                  f"`all_reduce({tensor})` -> `{tensor} = {accelerator}.reduce({tensor}, ...)`")
         if id(original_node) in dist.all_gathers:
             accelerator = self.accelerator_at(original_node)
-            if accelerator is None:
+            if accelerator is None and not self._free("gather"):
                 return self._unreachable(original_node, updated_node)
             parts, tensor = (cst.Module(body=[]).code_for_node(a.value) for a in updated_node.body[0].value.args)  # type: ignore[attr-defined]
             if not isinstance(call.args[1].value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
                 tensor = f"({tensor})"
+            if accelerator is None:
+                # in a model's forward (VICReg's `FullGatherLayer`): accelerate's function, as for all_reduce
+                add_target_import(self.context, "gather")
+                return self._rewrite(original_node, updated_node, f"{parts} = list(gather({tensor}[None]))",
+                                     f"`all_gather({parts}, ...)` -> `{parts} = list(gather(...[None]))` (accelerate.utils)")
             return self._rewrite(original_node, updated_node, f"{parts} = list({accelerator}.gather({tensor}[None]))",
                                  f"`all_gather({parts}, ...)` -> `{parts} = list({accelerator}.gather(...[None]))`")
         return updated_node
@@ -380,6 +385,15 @@ class Distributed(AccelifyCodemod):
             if self._in_removed_code(original_node) or _is_statement(self, original_node):
                 return updated_node
             accelerator = self.accelerator_at(original_node)
+            if accelerator is None and _guarded(self, original_node):
+                return updated_node  # right as it is: Accelerate sets the process group up when there is one
+            if accelerator is None and self._free("PartialState"):
+                # in a loss's or a model's method (DINO's `update_center`): the state the Accelerator set up
+                add_target_import(self.context, "PartialState")
+                self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "
+                            f"`PartialState().{attribute}` (the Accelerator's state, where it cannot be reached)")
+                remove_imports_of(self.context, original_node)
+                return cst.parse_expression(f"PartialState().{attribute}")
             if accelerator is None:
                 return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
             self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "
@@ -456,6 +470,41 @@ def _query(visitor: AccelifyCodemod, call: cst.Call) -> Optional[str]:
     if has_qname(visitor, call.func, IS_INITIALIZED):
         return "use_distributed"
     return None
+
+
+def _guarded(visitor: AccelifyCodemod, call: cst.Call) -> bool:
+    """A query right without an Accelerator: ``dist.is_initialized()`` (under Accelerate there is a process
+    group exactly when it made one), or a rank asked below ``if not is_initialized(): return 0`` or inside
+    ``if is_initialized():`` (the torchvision references' ``get_rank()``/``get_world_size()``, which answer
+    0 and 1 in one process)."""
+    if has_qname(visitor, call.func, IS_INITIALIZED):
+        return True
+    function = enclosing_function(visitor, call)
+    if function is None:
+        return False
+    module = visitor.get_metadata(ParentNodeProvider, function, None)
+    helpers = {f.name.value for f in (module.body if isinstance(module, cst.Module) else [])
+               if isinstance(f, cst.FunctionDef) and any(has_qname(visitor, c.func, IS_INITIALIZED)
+                                                         for c in findall(f, m.Call()))}
+
+    def tests_initialised(test: cst.BaseExpression) -> bool:
+        return any(has_qname(visitor, c.func, IS_INITIALIZED) or (isinstance(c.func, cst.Name) and c.func.value in helpers)
+                   for c in findall(test, m.Call()))
+
+    for statement in function.body.body:
+        if findall(statement, m.Call()) and any(c is call for c in findall(statement, m.Call())):
+            break
+        if isinstance(statement, cst.If) and tests_initialised(statement.test) and isinstance(
+            statement.body, cst.IndentedBlock
+        ) and m.matches(statement.body.body[-1], m.SimpleStatementLine(body=[m.Return()])):
+            return True  # `if not is_dist_avail_and_initialized(): return 0`
+    node: Optional[cst.CSTNode] = call
+    while node is not None and node is not function:
+        parent = visitor.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(parent, (cst.If, cst.IfExp)) and node is parent.body and tests_initialised(parent.test):
+            return True
+        node = parent
+    return False
 
 
 def _is_statement(visitor: AccelifyCodemod, call: cst.Call) -> bool:

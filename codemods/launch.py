@@ -302,7 +302,9 @@ class _Fold(cst.CSTTransformer):
         self.launch = launch
         self.constants: list[cst.Name] = []
         self.undecided = False
-        self.kept_setup_reads: set[int] = set()  # reads of the set-up attributes inside init_process_group
+        #: reads of the set-up attributes inside init_process_group (their nodes kept alive: an id is unique
+        #: only while its node lives)
+        self.kept_setup_reads: dict[int, cst.Attribute] = {}
         self._in_init = 0
         self._functions: list[str] = []
         self._elifs: set[int] = set()
@@ -352,7 +354,7 @@ class _Fold(cst.CSTTransformer):
         if named[1] in self.launch.flags:
             return self._constant(True)
         if named[1] in self.launch.setup_attrs and self._in_init:
-            self.kept_setup_reads.add(id(updated_node))
+            self.kept_setup_reads[id(updated_node)] = updated_node
         elif named[1] in self.launch.setup_attrs and self.launch.dist_module and self._functions and (
             self._functions[0] != self.launch.launcher
         ):  # read once the process group exists: what it was given
@@ -483,7 +485,7 @@ def _has_call(node: cst.CSTNode) -> bool:
     return bool(findall(node, m.Call()))
 
 
-def _reads_any(module: cst.Module, launch: _Launch, allowed: set[int]) -> bool:
+def _reads_any(module: cst.Module, launch: _Launch, allowed: dict[int, cst.Attribute]) -> bool:
     """Reads of the flags or the set-up attributes left (outside ``init_process_group``): undecided."""
     attrs = launch.flags | launch.setup_attrs
     return any(_attr(n) in {(launch.args, a) for a in attrs} and id(n) not in allowed

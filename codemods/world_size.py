@@ -301,7 +301,8 @@ class _Replace(cst.CSTTransformer):
         super().__init__()
         self.found = found
         self._passes: list[cst.SimpleStatementLine] = []
-        self._gone: set[int] = set()  # the statements all of whose parts were dropped
+        #: the statements all of whose parts were dropped (kept alive here: an id is unique only while its node lives)
+        self._gone: dict[int, cst.SimpleStatementLine] = {}
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         return self._read(original_node, updated_node)
@@ -322,7 +323,7 @@ class _Replace(cst.CSTTransformer):
             return updated_node
         if not kept:  # dropped by its block, which hands its comment lines on (:meth:`_body`)
             gone = updated_node.with_changes(body=[cst.Pass()])
-            self._gone.add(id(gone))
+            self._gone[id(gone)] = gone
             return gone
         return updated_node.with_changes(body=[*kept[:-1], kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
 

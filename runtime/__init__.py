@@ -3,7 +3,8 @@
 Installed as ``accelify.runtime`` (the folder in the repository is ``runtime/``). It depends on
 torch only and never imports libcst, rich or typer, so it can ship to a training environment
 alone. ``accelify convert --target runtime`` writes ``from accelify.runtime import Accelerator``
-(and ``set_seed``, ``DistributedDataParallelKwargs``, ``gather_object``, ``reduce``, ``wait_for_everyone``) instead of importing accelerate.
+(and ``set_seed``, ``DistributedDataParallelKwargs``, ``gather_object``, ``gather``, ``reduce``,
+``wait_for_everyone``, ``PartialState``) instead of importing accelerate.
 
 Each name is resolved on first use (module ``__getattr__``), so ``import accelify.runtime``
 imports neither torch nor accelerate:
@@ -30,6 +31,8 @@ _FROM_ACCELERATE = {
     "gather_object": ("accelerate.utils", "gather_object"),
     "reduce": ("accelerate.utils", "reduce"),
     "wait_for_everyone": ("accelerate.utils", "wait_for_everyone"),
+    "PartialState": ("accelerate", "PartialState"),
+    "gather": ("accelerate.utils", "gather"),
 }
 
 __all__ = sorted(_FROM_ACCELERATE)

@@ -93,6 +93,26 @@ def wait_for_everyone() -> None:
     """accelerate.utils.wait_for_everyone in one process: nothing to wait for."""
 
 
+class PartialState:
+    """``accelerate.PartialState`` in one process: the first and only process, no process group."""
+
+    num_processes = 1
+    process_index = 0
+    local_process_index = 0
+    is_main_process = True
+    is_local_main_process = True
+    use_distributed = False
+
+    @property
+    def device(self) -> torch.device:
+        return _default_device()
+
+
+def gather(tensor: Any) -> Any:
+    """``accelerate.utils.gather`` in one process: the tensor (or nested tensors), unchanged."""
+    return tensor
+
+
 def gather_object(object: Any) -> Any:  # noqa: A002 (accelerate's parameter name)
     """``accelerate.utils.gather_object`` in one process: the object, unchanged."""
     return object

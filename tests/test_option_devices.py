@@ -30,10 +30,21 @@ def test_a_read_that_is_not_a_device_stays_the_option() -> None:
     assert 'print("on", args.device)' in out and 'cuda = args.device.startswith("cuda")' in out
 
 
-def test_a_helper_handed_the_options_is_a_true_refusal() -> None:
+def test_a_helper_every_call_hands_the_options_reads_the_accelerators_device() -> None:
     source = SCRIPT.replace("def evaluate(model, loader, device):", "def evaluate(model, loader, args):").replace(
         "            x, y = x.to(device), y.to(device)", "            x, y = x.to(args.device), y.to(args.device)"
     ).replace("evaluate(model, test, args.device)", "evaluate(model, test, args)")
+    result = convert(source)
+    assert 'accelerator = Accelerator(cpu=args.device == "cpu")' in result.output
+    assert "def evaluate(accelerator, model, loader, args):" in result.output
+    assert ".to(args.device)" not in result.output and not result.findings
+
+
+def test_a_helper_handed_other_options_too_is_a_true_refusal() -> None:
+    source = SCRIPT.replace("def evaluate(model, loader, device):", "def evaluate(model, loader, args):").replace(
+        "            x, y = x.to(device), y.to(device)", "            x, y = x.to(args.device), y.to(args.device)"
+    ).replace("evaluate(model, test, args.device)", "evaluate(model, test, args)\n"
+              "    evaluate(model, test, argparse.Namespace(device=\"cpu\"))")
     result = convert(source)
     assert not result.changed
     assert [(f.code, f.line) for f in result.findings] == [("ACC108", 14)]

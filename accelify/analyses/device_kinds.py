@@ -139,9 +139,10 @@ _INDEXED = frozenset({"cuda:", "xpu:", "npu:"})
 def is_option_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
     """``args.device``: the ``--device`` option of ``plan.option_device``, read on its namespace
     (:mod:`accelify.analyses.option_devices`): the training device the user chose."""
-    option = getattr(getattr(visitor, "plan", None), "option_device", None)
+    plan = getattr(visitor, "plan", None)
+    option = getattr(plan, "option_device", None)
     return (option is not None and isinstance(expr, cst.Attribute) and expr.attr.value == option[1]
-            and isinstance(expr.value, cst.Name) and ref_of(visitor, expr.value) == option[0])
+            and isinstance(expr.value, cst.Name) and ref_of(visitor, expr.value) in plan.option_namespaces)  # type: ignore[union-attr]
 
 
 def _formatted_device(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:

@@ -64,10 +64,40 @@ def find(facts: Facts) -> Optional[tuple[Ref, str, bool]]:
         if dest is None or default is None or not _device_default(default):
             return None
         namespaces = [ref for ref, assigns in facts.assigns.items() if any(m.matches(a.value, _PARSE) for a in assigns)]
+        if not namespaces:  # `main(parser.parse_args())`: the parameter is the namespace
+            namespaces = [(name, param) for name, function in facts.functions.items()
+                          for _, bound in facts.call_sites(name, function)
+                          for param, value in bound.items() if m.matches(value, _PARSE)]
+            if len(namespaces) == 1 and len(facts.call_sites(*_function(facts, namespaces[0][0]))) == 1:
+                return namespaces[0], dest, True
+            return None
         if len(namespaces) != 1 or len(facts.assigns[namespaces[0]]) != 1:
             return None
         return namespaces[0], dest, True
     return _configured(facts)
+
+
+def _function(facts: Facts, name: str) -> tuple[str, cst.FunctionDef]:
+    return name, facts.functions[name]
+
+
+def handed_on(facts: Facts, namespace: Ref) -> frozenset[Ref]:
+    """The namespace and the parameters it is handed to: a parameter of a function of the file that every
+    call hands the namespace (``main(args)`` under ``if __name__ == "__main__":``, then ``train(args)``)."""
+    refs = {namespace}
+    changed = True
+    while changed:
+        changed = False
+        for name, function in facts.functions.items():
+            sites = facts.call_sites(name, function)
+            for param in [p.name.value for p in function.params.params] if sites else []:
+                if (name, param) in refs:
+                    continue
+                if all(isinstance(bound.get(param), cst.Name) and ref_of(facts, bound[param]) in refs  # type: ignore[arg-type]
+                       for _, bound in sites):
+                    refs.add((name, param))
+                    changed = True
+    return frozenset(refs)
 
 
 def _configured(facts: Facts) -> Optional[tuple[Ref, str, bool]]:
@@ -111,6 +141,8 @@ def decide(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
              if is_option_device(facts, n)]  # type: ignore[arg-type]
     if not reads:
         return True
+    # the CPU flag reads the option where the namespace is bound, or where it is handed first (`main(args)`)
+    reads.sort(key=lambda n: (ref_of(facts, n.value) != option[0], facts.line(n)))  # type: ignore[attr-defined]
     handed = _handed(facts, plan, option)
     if handed is not None:
         function, read = handed
@@ -162,6 +194,8 @@ def _handed(facts: Facts, plan: Plan, option: tuple[Ref, str, bool]) -> Optional
                 param = params[i].name.value
             else:
                 continue
+            if (function.name.value, param) in plan.option_namespaces:
+                continue  # every call hands it the namespace: its reads are the option's
             for read in findall(function, m.Attribute(value=m.Name(param), attr=m.Name(option[1]))):
                 return function.name.value, read  # type: ignore[return-value]
     return None

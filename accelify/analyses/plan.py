@@ -84,6 +84,8 @@ class Plan:
     #: the device an option or a configuration chose: (ref of the namespace, its attribute, whether it is
     #: an argparse ``--device`` option, a string; else a configuration's, a string or a ``torch.device``)
     option_device: Optional[tuple[Ref, str, bool]] = None
+    #: the namespace of ``option_device`` and the parameters every call hands it to (``main(args)``)
+    option_namespaces: frozenset[Ref] = frozenset()
     #: ``Accelerator(mixed_precision=<this>)`` when a GradScaler/autocast is replaced
     mixed_precision: Optional[str] = None
     #: GradScaler names in the setup scope, replaced by the Accelerator's own scaling
@@ -285,6 +287,8 @@ def _decide(facts: Facts) -> Plan:
             return plan
     first = min((a for a, _ in optimizers.values()), key=facts.line)
     plan.option_device = option_devices.find(facts)
+    if plan.option_device is not None:
+        plan.option_namespaces = option_devices.handed_on(facts, plan.option_device[0])
     blockers = _Blockers()
     state: dict = {}
 

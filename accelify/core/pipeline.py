@@ -25,6 +25,7 @@ from accelify.core.project import ProjectSources, training_elsewhere
 from accelify.codemods import gather_codemods
 from accelify.codemods.base import Shared
 from accelify.codemods.launch import SpawnLaunch
+from accelify.codemods.setup_helper import SetUpHelper
 from accelify.codemods.world_size import ProcessGroupAttributes
 from accelify.core.composite import Composite, plan_names
 from accelify.core.metadata import resolve
@@ -219,11 +220,12 @@ def _move_imports(source: str, entry: str, texts: dict[str, str],
 
 #: The codemods that run before the analysis, on the file as written, in this order (each on what the
 #: one before made of it): the script is converted as the path its launch takes.
-SPECIALISERS = (SpawnLaunch, ProcessGroupAttributes)
+SPECIALISERS = (SpawnLaunch, SetUpHelper, ProcessGroupAttributes)
 
 
 def _convert_specialised(module: cst.Module, source: str, path: str, options: Options) -> Optional[Result]:
-    """A script whose launch decides its path (ACC027) or that counts its processes (ACC028): converted as
+    """A script whose launch decides its path (ACC027), that sets up in a helper (ACC030) or counts its processes
+    (ACC028): converted as
     that path alone, the positions of what is said put back on the file's lines; None for any other file."""
     steps = []
     current, text = module, source
