@@ -137,7 +137,7 @@ class Distributed(AccelifyCodemod):
             accelerator = self.accelerator_at(original_node)
             if accelerator is None and not self._free("gather"):
                 return self._unreachable(original_node, updated_node)
-            parts, tensor = (cst.Module(body=[]).code_for_node(a.value) for a in updated_node.body[0].value.args)  # type: ignore[attr-defined]
+            parts, tensor = (cst.Module(body=[]).code_for_node(a.value) for a in updated_node.body[0].value.args[:2])  # type: ignore[attr-defined]
             if not isinstance(call.args[1].value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
                 tensor = f"({tensor})"
             if accelerator is None:

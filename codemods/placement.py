@@ -13,7 +13,7 @@ from accelify.analyses.device_kinds import classify_device
 from accelify.analyses.distributed import DATA_PARALLEL
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import MAIN_TESTS, rank_attribute
-from accelify.queries.blocks import iter_statements, scope_root, simple_assign
+from accelify.queries.blocks import enclosing_function, iter_statements, scope_root, simple_assign
 from accelify.queries.devices import is_availability_check
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import assigned_names, has_qname, root_name, string_value
@@ -22,7 +22,7 @@ from accelify.queries.training import locate_setup, trainer_functions
 from accelify.queries.trees import descendants, remove_imports_of
 from accelify.queries.walk import findall
 
-from .base import AccelifyCodemod, accelerator_attr, flat_code
+from .base import AccelifyCodemod, accelerator_attr, add_target_import, flat_code
 
 #: builtins that take a model without running it
 _INERT = frozenset({"print", "len", "str", "repr", "type", "id", "isinstance", "hasattr", "getattr", "vars", "dir"})
@@ -502,6 +502,10 @@ class RemovePlacement(AccelifyCodemod):
         if func.attr.value != "cuda" and (device is None or ref_of(self, device.value) is not None):
             return call  # a device variable or parameter: the device codemod decides
         accelerator = self.accelerator_at(original)
+        if accelerator is None and _method_of_class(self, original) and not findall(self.shared.module, m.Name("PartialState")):
+            # a model's or a loss's method (MoCo v3's `contrastive_loss`), run once the Accelerator exists: its state
+            add_target_import(self.context, "PartialState")
+            accelerator = "PartialState()"
         if accelerator is None:
             # left as it is, `.cuda()` puts every process's tensors on the first GPU while its prepared model is
             # on its own: a device mismatch on every process but one (a CPU run cannot show it)
@@ -522,6 +526,15 @@ class RemovePlacement(AccelifyCodemod):
         return call.with_changes(
             args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
+
+
+def _method_of_class(visitor: AccelifyCodemod, node: cst.CSTNode) -> bool:
+    """Inside a method of a class (not its ``__init__``, which may run before the Accelerator exists)."""
+    function = enclosing_function(visitor, node)
+    if function is None or function.name.value == "__init__":
+        return False
+    block = visitor.get_metadata(ParentNodeProvider, function, None)
+    return isinstance(visitor.get_metadata(ParentNodeProvider, block, None), cst.ClassDef)
 
 
 def _places_on(statement: cst.BaseStatement, device: str) -> bool:

@@ -187,3 +187,64 @@ def test_a_ddp_wrapper_of_a_model_nothing_trains_is_a_refusal():
     result = convert(source, "train.py")
     assert result.output == source
     assert any(f.code == "ACC126" and "no optimizer of the script trains" in f.message for f in result.findings)
+
+
+MOCO_V3 = dedent('''\
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.tensorboard import SummaryWriter
+
+
+    @torch.no_grad()
+    def concat_all_gather(tensor):
+        tensors_gather = [torch.ones_like(tensor) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(tensors_gather, tensor, async_op=False)
+        return torch.cat(tensors_gather, dim=0)
+
+
+    class Contrast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            q = self.encoder(x)
+            k = concat_all_gather(q.detach())
+            logits = q @ k.T
+            labels = (torch.arange(len(q)) + len(q) * torch.distributed.get_rank()).cuda()
+            return torch.nn.functional.cross_entropy(logits, labels)
+
+
+    def main():
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        model = Contrast().cuda(rank)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        writer = SummaryWriter() if rank == 0 else None
+        loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8)
+        for step, (x,) in enumerate(loader):
+            loss = model(x.cuda(rank))
+            loss.backward()
+            optimizer.step()
+            if rank == 0:
+                writer.add_scalar("loss", loss.item(), step)
+''')
+
+
+def test_moco_v3s_model_collectives_and_placement_use_the_accelerators_state():
+    result = convert(MOCO_V3, "train.py")
+    out = result.output
+    assert "tensors_gather = list(gather(tensor[None]))" in out  # `async_op=False`: all_gather blocks anyway
+    assert "labels = (torch.arange(len(q)) + len(q) * PartialState().process_index).to(PartialState().device)" in out
+    assert "writer = SummaryWriter() if accelerator.is_main_process else None" in out
+    assert "ACC127" not in [f.code for f in result.findings]  # the writer is the main process's: no finding
+
+
+def test_a_placement_in_a_constructor_is_still_refused():
+    """`__init__` may run before the Accelerator exists: there `PartialState()` would set the state up first."""
+    source = MOCO_V3.replace("        self.encoder = torch.nn.Linear(4, 4)\n",
+                             "        self.encoder = torch.nn.Linear(4, 4)\n        self.scale = torch.ones(1).cuda()\n")
+    result = convert(source, "train.py")
+    assert result.output == source and "ACC109" in [f.code for f in result.findings]

@@ -362,6 +362,29 @@ def rebound_loaders(facts: Facts, plan: Plan) -> bool:
     return True
 
 
+def loops_through_wrappers(facts: Facts, plan: Plan) -> bool:
+    """False (ACC114) when an evaluation loop draws a prepared DataLoader's batches through a call accelify
+    does not see into (``for x, y in wrap(test_loader):``): prepared, the loader gives each process its shard,
+    and the loop's metrics, which no gather reaches, would count that shard alone."""
+    loaders = plan.flow["loader"]
+    for loop in facts.loops:
+        if ref_of(facts, peel_iterable(facts, loop.iter)) in loaders:
+            continue
+        read = next((n for n in findall(loop.iter, m.Name()) if ref_of(facts, n) in loaders), None)
+        if read is None or findall(loop.body, m.Call(func=m.Attribute(attr=m.Name("backward")))):
+            continue  # a training loop: each process trains on its shard, as it should
+        facts.finding(
+            plan, loop.iter, "ACC114",
+            f"the batches of the prepared DataLoader `{code_of(read)}` come through `{code_of(loop.iter)}`, which "
+            "accelify does not follow: each process would evaluate its own shard, and the loop's results, which no "
+            "gather reaches, would count that shard alone. File not converted.",
+            f"iterate the loader itself (`for batch in {code_of(read)}:`), or gather what the loop computes with "
+            "`accelerator.gather_for_metrics(...)` by hand.",
+        )
+        return False
+    return True
+
+
 def training_data(facts: Facts, plan: Plan) -> bool:
     """Every loop around a backward should draw from a prepared dataloader.
 

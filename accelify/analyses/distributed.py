@@ -493,7 +493,9 @@ def _all_gather(facts: Facts, dist: Distributed, call: cst.Call,
     ``parts = list(accelerator.gather(t[None]))``, the same list (rank order, one tensor each, as in
     one process), the list built beforehand gone."""
     usage = "build the list with `parts = list(accelerator.gather(t[None]))` (one tensor per process, in rank order)"
-    if statement is None or len(call.args) != 2 or any(a.keyword is not None for a in call.args):
+    blocking = [a for a in call.args[2:] if a.keyword is not None and a.keyword.value == "async_op"
+                and code_of(a.value) == "False"]  # MoCo v3: `async_op=False`, what all_gather does anyway
+    if statement is None or len(call.args) != 2 + len(blocking) or any(a.keyword is not None for a in call.args[:2]):
         return call, f"`{code_of(call)}` is not `all_gather(parts, tensor)` as a statement", usage
     parts, tensor = call.args[0].value, call.args[1].value
     ref = ref_of(facts, parts)

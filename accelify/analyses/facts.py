@@ -15,13 +15,13 @@ finding, at a node's position, in a plan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from accelify.queries.names import param_names  # noqa: F401 (imported from here by the analyses)
+from accelify.queries.names import has_qname, param_names  # noqa: F401 (param_names: imported from here by the analyses)
 from accelify.queries.records import RawFinding
 from accelify.queries.refs import Ref, assigned_values, key_at, ref_of
 from accelify.queries.training import direct_calls, trainer_functions
@@ -135,7 +135,7 @@ class Facts(cst.CSTVisitor):
 
         Empty when the function escapes (is passed around, decorated) or a call uses ``*args``.
         """
-        if func.decorators or (cls is not None and cls.decorators):
+        if not _transparent(self, func.decorators) or (cls is not None and cls.decorators):
             return []
         sites = []
         for call in direct_calls(self, cls if cls is not None else func, name):
@@ -144,6 +144,23 @@ class Facts(cst.CSTVisitor):
                 return []
             sites.append((call, bound))
         return sites
+
+
+#: decorators that call the function as it is, arguments and result unchanged (gradients off or on)
+_GRAD_MODES = frozenset({"torch.no_grad", "torch.inference_mode", "torch.enable_grad", "torch.autograd.grad_mode.no_grad",
+                         "torch.autograd.grad_mode.inference_mode", "torch.autograd.grad_mode.enable_grad"})
+
+
+def _transparent(visitor: cst.MetadataDependent, decorators: Sequence[cst.Decorator]) -> bool:
+    """Every decorator is a grad mode (``@torch.no_grad()``, ``@torch.inference_mode()``): the function is
+    called as written, so its call sites bind its parameters."""
+    for decorator in decorators:
+        target = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
+        if isinstance(decorator.decorator, cst.Call) and decorator.decorator.args:
+            return False
+        if not has_qname(visitor, target, _GRAD_MODES):
+            return False
+    return True
 
 
 def _target_elements(target: cst.BaseExpression) -> list[cst.BaseExpression]:

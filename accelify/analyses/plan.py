@@ -352,7 +352,7 @@ def _decide(facts: Facts) -> Plan:
     if not hazards.backwards_in_reach(facts, plan):
         return plan
     if not data.training_data(facts, plan) or not data.rebound_loaders(facts, plan) or not helpers.mixed_loaders(
-            facts, plan):
+            facts, plan) or not data.loops_through_wrappers(facts, plan):
         return plan
     if not samplers.own_samplers(facts, plan):
         return plan

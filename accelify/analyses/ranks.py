@@ -386,13 +386,14 @@ def under_main_process_check(visitor: cst.MetadataDependent, node: cst.CSTNode) 
     that managed its own processes, ``if rank == 0:`` (which becomes one)?"""
     from libcst.metadata import ParentNodeProvider
 
-    parent = visitor.get_metadata(ParentNodeProvider, node, None)
+    child, parent = node, visitor.get_metadata(ParentNodeProvider, node, None)
     while parent is not None:
-        if isinstance(parent, cst.If) and (findall(
+        # `if rank == 0:`, or `SummaryWriter() if rank == 0 else None` (MoCo v3)
+        if (isinstance(parent, cst.If) or (isinstance(parent, cst.IfExp) and parent.body is child)) and (findall(
             parent.test, m.Attribute(attr=m.Name("is_main_process") | m.Name("is_local_main_process"))
         ) or _rank_zero_test(visitor, parent.test)):
             return True
-        parent = visitor.get_metadata(ParentNodeProvider, parent, None)
+        child, parent = parent, visitor.get_metadata(ParentNodeProvider, parent, None)
     return False
 
 

@@ -45,7 +45,7 @@ def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> c
             names = qualified_names(visitor, expr.func)
             if names & {"builtins.enumerate", "enumerate", "builtins.iter", "iter"} or any(
                 n == "tqdm" or n.startswith("tqdm.") for n in names
-            ):
+            ) or _logs_every(expr):
                 expr = expr.args[0].value
             else:
                 break
@@ -64,6 +64,12 @@ def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> c
             break
         expr = value
     return expr
+
+
+def _logs_every(call: cst.Call) -> bool:
+    """``metric_logger.log_every(loader, print_freq, header)``: the torchvision references' ``MetricLogger``
+    (DINO, DeiT, MAE, the detection references), a generator that yields the loader's batches as they are."""
+    return m.matches(call.func, m.Attribute(attr=m.Name("log_every"))) and call.args[0].keyword is None
 
 
 def built_loader(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> bool:
