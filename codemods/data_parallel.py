@@ -106,11 +106,12 @@ class DataParallel(AccelifyCodemod):
             if self._is_wrap(original_node) and has_qname(self, original_node.func, DDP):
                 inner = cst.Module(body=[]).code_for_node(original_node.args[0].value)
                 self.refuse(
-                    original_node, "ACC126", f"`DistributedDataParallel({inner}, ...)` wraps a model no optimizer of the "
-                    "script trains, which accelify does not prepare: left, it needs the process group the conversion "
-                    "removes (in one process it fails); file not converted.",
-                    f"prepare it as well (`{inner} = accelerator.prepare({inner})`: DINO wraps its teacher for "
-                    "SyncBatchNorm), or drop the wrapper, then run accelify again",
+                    original_node, "ACC126", f"`DistributedDataParallel({inner}, ...)` wraps a model accelify does not "
+                    "prepare (no optimizer it recognises trains it): left, the wrapper needs the process group the "
+                    "conversion removes (in one process it fails); file not converted.",
+                    f"prepare it as well (`{inner} = accelerator.prepare({inner})`; a teacher is wrapped so for its "
+                    "SyncBatchNorm), or build the optimizer over its parameters where it is built, then run accelify "
+                    "again",
                 )
             return updated_node
         self.touch()

@@ -431,6 +431,23 @@ class Distributed(AccelifyCodemod):
         assert dist is not None
         index = next((i for i, a in enumerate(original.args) if a.keyword is not None and a.keyword.value == "sampler"
                       and self._removed_sampler(a.value)), None)
+        batched = next((i for i, a in enumerate(original.args) if a.keyword is not None
+                        and a.keyword.value == "batch_sampler" and ref_of(self, a.value) in dist.batch_samplers), None)
+        if batched is not None:
+            shuffle, size, drop = dist.batch_samplers[ref_of(self, original.args[batched].value)]  # type: ignore[index]
+            given = updated.args[batched]
+            code = cst.Module(body=[]).code_for_node
+            new = [given.with_changes(keyword=cst.Name("batch_size"), value=size.deep_clone()),
+                   given.with_changes(keyword=cst.Name("shuffle"), value=cst.parse_expression(shuffle)),
+                   given.with_changes(keyword=cst.Name("drop_last"), value=drop.deep_clone())]
+            if batched < len(updated.args) - 1 or given.comma is not cst.MaybeSentinel.DEFAULT:
+                new[-1] = new[-1].with_changes(comma=given.comma)
+            new[0] = new[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            new[1] = new[1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            args = [*updated.args[:batched], *new, *updated.args[batched + 1:]]
+            self.change(original, f"BatchSampler over a DistributedSampler removed (`prepare` shards the data): "
+                        f"`batch_size={code(size)}, shuffle={shuffle}, drop_last={code(drop)}` on the DataLoader")
+            return updated.with_changes(args=args)
         if index is None:
             return updated
         value = original.args[index].value

@@ -201,9 +201,10 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
             return None
         kept = _kept(wrapper, statement, param)
         if kept is None and m.matches(statement, m.SimpleStatementLine(body=[m.Assign(
-                targets=[m.AssignTarget(target=m.Attribute(value=m.Name(param)))], value=m.SimpleString())])):
-            # `args.dist_backend = "nccl"`: goes when only the helper reads it (its process group)
-            kept = _read_elsewhere(module, statement.body[0].targets[0].target.attr.value, helper)  # type: ignore[attr-defined]
+                targets=[m.AssignTarget(target=m.Attribute(value=m.Name(param)))],
+                value=m.SimpleString() | m.Name("True") | m.Name("False"))])):
+            # `args.dist_backend = "nccl"`, `args.distributed = True`: gone when only the helper reads it
+            kept = _read_elsewhere(module, argument, statement.body[0].targets[0].target.attr.value, helper)  # type: ignore[attr-defined]
         if kept is None:
             return None
         if kept:
@@ -245,15 +246,13 @@ def _kept(wrapper: MetadataWrapper, statement: cst.SimpleStatementLine, param: s
         if names & (SET_DEVICE | BARRIER) or names & {"builtins.print"}:
             return False
         return True  # init_process_group, `setup_for_distributed(args.rank == 0)`
-    if m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name(param)))],
-                                 value=m.SimpleString())):
-        return None  # `args.dist_backend = "nccl"`: decided by the caller (:func:`_read_elsewhere`)
-    return None
+    return None  # (`args.dist_backend = "nccl"`: decided by the caller, :func:`_read_elsewhere`)
 
 
-def _read_elsewhere(module: cst.Module, attr: str, helper: cst.FunctionDef) -> bool:
+def _read_elsewhere(module: cst.Module, argument: str, attr: str, helper: cst.FunctionDef) -> bool:
+    """``args.<attr>`` is read outside the helper (``args`` the name the helper is called with)."""
     inside = {id(n) for n in findall(helper, m.Attribute(attr=m.Name(attr)))}
-    return any(id(n) not in inside for n in findall(module, m.Attribute(attr=m.Name(attr))))
+    return any(id(n) not in inside for n in findall(module, m.Attribute(value=m.Name(argument), attr=m.Name(attr))))
 
 
 def _binds(statement: cst.BaseStatement, param: str, attr: str) -> bool:

@@ -88,9 +88,18 @@ def test_a_gpu_read_elsewhere_leaves_the_helper():
 
 
 def test_a_helper_that_does_more_leaves_the_file():
-    for extra in ("    args.distributed = True\n", "    os.environ['NCCL_DEBUG'] = 'INFO'\n"):
-        source = HELPERS.replace("    torch.cuda.set_device(args.gpu)\n", extra + "    torch.cuda.set_device(args.gpu)\n")
-        assert convert(source, "train.py").output == source
+    source = HELPERS.replace("    torch.cuda.set_device(args.gpu)\n", "    os.environ['NCCL_DEBUG'] = 'INFO'\n"
+                             "    torch.cuda.set_device(args.gpu)\n")
+    assert convert(source, "train.py").output == source
+
+
+def test_a_flag_the_helper_sets_goes_unless_read_elsewhere():
+    source = HELPERS.replace("    torch.cuda.set_device(args.gpu)\n", "    args.distributed = True\n"
+                             "    torch.cuda.set_device(args.gpu)\n")
+    assert "args.distributed" not in convert(source, "train.py").output
+    read = source.replace("    optimizer = torch.optim.SGD(", "    print(args.distributed)\n    optimizer = torch.optim.SGD(")
+    out = convert(read, "train.py").output
+    assert "    args.distributed = True\n" in out and "def init_distributed_mode" not in out
 
 
 def test_a_helper_called_twice_is_left():
@@ -186,7 +195,7 @@ def test_a_ddp_wrapper_of_a_model_nothing_trains_is_a_refusal():
         "    optimizer = torch.optim.SGD(")
     result = convert(source, "train.py")
     assert result.output == source
-    assert any(f.code == "ACC126" and "no optimizer of the script trains" in f.message for f in result.findings)
+    assert any(f.code == "ACC126" and "no optimizer it recognises trains it" in f.message for f in result.findings)
 
 
 MOCO_V3 = dedent('''\
@@ -248,3 +257,42 @@ def test_a_placement_in_a_constructor_is_still_refused():
                              "        self.encoder = torch.nn.Linear(4, 4)\n        self.scale = torch.ones(1).cuda()\n")
     result = convert(source, "train.py")
     assert result.output == source and "ACC109" in [f.code for f in result.findings]
+
+
+BATCHES = dedent('''\
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import BatchSampler, DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+
+    def main(batch_size):
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        model = torch.nn.Linear(4, 2).cuda(rank)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = TensorDataset(torch.randn(64, 4))
+        sampler = DistributedSampler(data)
+        batches = BatchSampler(sampler, batch_size, drop_last=True)
+        loader = DataLoader(data, batch_sampler=batches, num_workers=0)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for (x,) in loader:
+                loss = model(x.cuda(rank)).sum()
+                loss.backward()
+                optimizer.step()
+''')
+
+
+def test_a_batch_sampler_over_a_distributed_sampler_becomes_the_loaders_batching():
+    out = convert(BATCHES, "train.py").output
+    assert "loader = DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=0)" in out
+    assert "BatchSampler" not in out and "DistributedSampler" not in out and "set_epoch" not in out
+
+
+def test_a_batch_sampler_read_elsewhere_is_still_refused():
+    source = BATCHES.replace("    for epoch in range(2):", "    print(len(batches))\n    for epoch in range(2):")
+    assert source != BATCHES
+    result = convert(source, "train.py")
+    assert result.output == source and "ACC126" in [f.code for f in result.findings]

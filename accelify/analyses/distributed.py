@@ -143,6 +143,9 @@ class Distributed:
     samplers: set[int] = field(default_factory=set)
     #: ... -> the ``shuffle`` their DataLoader gets
     sampler_names: dict[Ref, str] = field(default_factory=dict)
+    #: ``batches = BatchSampler(sampler, batch_size, drop_last=...)`` over a sampler that goes, handed to one
+    #: DataLoader as ``batch_sampler=``: its ref -> (the sampler's shuffle, the batch size, drop_last)
+    batch_samplers: dict[Ref, tuple[str, cst.BaseExpression, cst.BaseExpression]] = field(default_factory=dict)
     #: ids of all-reduce statements that go because the counts they add up are gathered (ACC011)
     gathered: set[int] = field(default_factory=set)
     #: ``dist.all_gather(parts, t)`` statements -> (``parts``, ``t``): ``parts = list(accelerator.gather(t[None]))``

@@ -72,6 +72,8 @@ def recognise_sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Cal
                 continue
             if _shuffle_unless_sampler(facts, up):
                 continue  # `shuffle=(sampler is None)`: the DataLoader gets the sampler's shuffle instead
+            if _batched(facts, dist, use, call):
+                continue  # `BatchSampler(sampler, batch_size, drop_last=True)` handed to one DataLoader
             loader = _loader_given(facts, use)
             if loader is None:
                 return use, f"the DistributedSampler `{code_of(use)}` is used for more than the DataLoader", usage
@@ -83,6 +85,50 @@ def recognise_sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Cal
         dist.remove.add(id(facts.get_metadata(ParentNodeProvider, parent)))
         return None
     return call, f"`{code_of(call)}` is not given to a DataLoader accelify can see", usage
+
+
+_BATCH_SAMPLERS = frozenset({"torch.utils.data.BatchSampler", "torch.utils.data.sampler.BatchSampler"})
+
+
+def _batched(facts: Facts, dist: Distributed, use: cst.CSTNode, sampler: cst.Call) -> bool:
+    """``batches = BatchSampler(sampler, batch_size, drop_last=True)``, ``batches`` bound once and handed only
+    to one ``DataLoader(..., batch_sampler=batches)`` that sets no batch size, shuffle or sampler of its own:
+    that DataLoader becomes ``DataLoader(..., batch_size=batch_size, shuffle=<the sampler's>,
+    drop_last=True)``, which ``prepare`` shards (the references' and many course scripts' way)."""
+    arg = facts.get_metadata(ParentNodeProvider, use, None)
+    call = facts.get_metadata(ParentNodeProvider, arg, None)
+    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or call.args[0] is not arg or arg.keyword is not None:
+        return False
+    if not has_qname(facts, call.func, _BATCH_SAMPLERS) or len(call.args) > 3:
+        return False
+    named = {a.keyword.value if a.keyword is not None else ("sampler", "batch_size", "drop_last")[i]: a.value
+             for i, a in enumerate(call.args)}
+    size, drop = named.get("batch_size"), named.get("drop_last", cst.Name("False"))
+    if size is None or not isinstance(size, (cst.Name, cst.Attribute, cst.Integer)):
+        return False
+    assign = facts.get_metadata(ParentNodeProvider, call, None)
+    line = facts.get_metadata(ParentNodeProvider, assign, None)
+    if not isinstance(assign, cst.Assign) or facts.single_target(assign) is None or not isinstance(line, cst.SimpleStatementLine):
+        return False
+    ref = facts.single_target(assign)
+    if len(facts.assigns.get(ref, [])) != 1:  # type: ignore[arg-type]
+        return False
+    uses = [n for n in findall(facts.module, m.Name() | m.Attribute())
+            if ref_of(facts, n) == ref and n is not assign.targets[0].target]
+    if len(uses) != 1:
+        return False
+    given = facts.get_metadata(ParentNodeProvider, uses[0], None)
+    loader = facts.get_metadata(ParentNodeProvider, given, None)
+    if not isinstance(given, cst.Arg) or given.keyword is None or given.keyword.value != "batch_sampler" or not (
+        isinstance(loader, cst.Call) and has_qname(facts, loader.func, DATALOADERS)
+    ):
+        return False
+    own = {a.keyword.value for a in loader.args if a.keyword is not None}
+    if own & {"batch_size", "shuffle", "sampler", "drop_last"}:
+        return False
+    dist.batch_samplers[ref] = (sampler_shuffle(sampler), size, drop)  # type: ignore[index]
+    dist.remove.add(id(line))
+    return True
 
 
 def _shuffle_unless_sampler(facts: Facts, node: Optional[cst.CSTNode]) -> bool:
