@@ -134,7 +134,7 @@ def test_gathered_values_used_by_other_code_are_refused() -> None:
     result = convert(source)
     assert result.output == source
     finding = next(f for f in result.findings if f.code == "ACC114")
-    assert "(`out`) are also used by code that is not a metric" in finding.message
+    assert "(`out`) are also read by `if first:`, which accelify does not take for a metric" in finding.message
 
 
 def test_a_tensor_gather_in_the_loop_is_no_gather_across_processes() -> None:

@@ -458,8 +458,9 @@ def _world_size_read(facts: Facts, call: cst.Call) -> Optional[Why]:
         value = arg.value
         if arg.keyword is None or arg.keyword.value != "world_size" or not isinstance(value, cst.Attribute):
             continue
+        inits = {id(c) for c in facts.calls if has_qname(facts, c.func, INIT)}  # (what any set-up is handed is no read)
         reads = [n for n in findall(facts.module, m.Attribute(attr=m.Name(value.attr.value)))
-                 if code_of(n) == code_of(value) and n is not value and not inside(facts, n, {id(call)})
+                 if code_of(n) == code_of(value) and n is not value and not inside(facts, n, inits)
                  and not isinstance(facts.get_metadata(ParentNodeProvider, n, None), cst.AssignTarget)]
         if reads:
             line = statement_line(facts, reads[0])

@@ -236,8 +236,9 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         used = sorted(_reads(s) & set(gathered))
         if used:
             what = ", ".join(f"`{n}`" for n in used)
-            return (f"the values they read ({what}) are also used by code that is not a metric; gathered, they would "
-                    "hold every process's samples there too (another shape)")
+            line = cst.Module(body=[]).code_for_node(s).strip().splitlines()[0]
+            return (f"the values they read ({what}) are also read by `{line}`, which accelify does not take for a "
+                    "metric; gathered, they would hold every process's samples there too (another shape)")
     # `output[1:]` of a gathered tensor: its first dimension holds every process's rows one after the
     # other (or is time, not samples: seq2seq's `[trg length, batch size]`), and a slice of it is not
     # the slice of one process.
