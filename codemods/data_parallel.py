@@ -65,7 +65,18 @@ class DataParallel(AccelifyCodemod):
             for a in findall(node, m.Assign())  # type: ignore[union-attr]
         )
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
-        self.wrapped = self.plan.flow["model"] if wraps else set()
+        self.wrapped = set(self.plan.flow["model"]) if wraps else set()
+        # `teacher = DDP(teacher, ...)` around a model no optimizer trains: `accelerator.prepare_model(teacher)`
+        # (:meth:`_untrained`), whose `.module` is the wrapper's too
+        self._untrained_wraps: set[int] = set()
+        for assign in findall(node, m.Assign()):
+            value = assign.value
+            if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) and self._is_wrap(value) \
+                    and has_qname(self, value.func, DDP) and m.matches(value.args[0].value, m.Name(assign.targets[0].target.value)) \
+                    and not self.unwraps(value) and all(a.keyword is not None and a.keyword.value in ("device_ids", "output_device")
+                                                        for a in value.args[1:]):
+                self._untrained_wraps.add(id(value))
+                self.wrapped.add(ref_of(self, assign.targets[0].target))
         states = [c.func.value for c in findall(node, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))]  # type: ignore[attr-defined]
         # `model.module.state_dict()` and never `model.state_dict()`: the script saves plain keys itself
         plain_saves = any(m.matches(s, m.Attribute(attr=m.Name("module"))) and ref_of(self, s.value) in self.wrapped
@@ -103,6 +114,15 @@ class DataParallel(AccelifyCodemod):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self.unwraps(original_node):
+            accelerator = self.accelerator_at(original_node) if id(original_node) in self._untrained_wraps else None
+            if accelerator is not None:
+                # DINO's teacher, wrapped for its SyncBatchNorm: what the original did on its launch, `prepare_model`
+                # does on any (a DDP wrapper when there are processes, the model itself in one)
+                inner = cst.Module(body=[]).code_for_node(updated_node.args[0].value)
+                self.change(original_node, f"`DistributedDataParallel({inner}, ...)` -> "
+                            f"`{accelerator}.prepare_model({inner})` (a model no optimizer trains)")
+                remove_imports_of(self.context, original_node.func)
+                return cst.parse_expression(f"{accelerator}.prepare_model({inner})")
             if self._is_wrap(original_node) and has_qname(self, original_node.func, DDP):
                 inner = cst.Module(body=[]).code_for_node(original_node.args[0].value)
                 self.refuse(

@@ -187,8 +187,7 @@ def test_the_device_option_is_followed_into_the_function_it_is_handed_to():
 
 
 def test_a_ddp_wrapper_of_a_model_nothing_trains_is_a_refusal():
-    """DINO wraps its teacher (no optimizer) in DDP for SyncBatchNorm: left, it would need the process
-    group the conversion removes."""
+    """Left, a DDP wrapper would need the process group the conversion removes."""
     source = HELPERS.replace(
         "    optimizer = torch.optim.SGD(",
         "    teacher = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).cuda(args.gpu))\n"
@@ -196,6 +195,21 @@ def test_a_ddp_wrapper_of_a_model_nothing_trains_is_a_refusal():
     result = convert(source, "train.py")
     assert result.output == source
     assert any(f.code == "ACC126" and "no optimizer it recognises trains it" in f.message for f in result.findings)
+
+
+def test_dinos_teacher_wrapped_for_its_batch_norm_is_prepared_as_a_model():
+    """`teacher = DDP(teacher, device_ids=[args.gpu])` (no optimizer trains it): `accelerator.prepare_model(teacher)`,
+    a DDP wrapper under a launcher and the model itself in one process; its `.module` is unwrapped."""
+    source = HELPERS.replace(
+        "    optimizer = torch.optim.SGD(",
+        "    teacher = torch.nn.Linear(4, 2).cuda(args.gpu)\n"
+        "    teacher = torch.nn.parallel.DistributedDataParallel(teacher, device_ids=[args.gpu])\n"
+        "    teacher.module.load_state_dict(model.module.state_dict())\n"
+        "    optimizer = torch.optim.SGD(")
+    out = convert(source, "train.py").output
+    assert "    teacher = accelerator.prepare_model(teacher)\n" in out
+    assert "accelerator.unwrap_model(teacher).load_state_dict(accelerator.unwrap_model(model).state_dict())" in out
+    assert "teacher = torch.nn.Linear(4, 2).to(accelerator.device)" in out
 
 
 MOCO_V3 = dedent('''\
