@@ -310,3 +310,10 @@ def test_a_batch_sampler_read_elsewhere_is_still_refused():
     assert source != BATCHES
     result = convert(source, "train.py")
     assert result.output == source and "ACC126" in [f.code for f in result.findings]
+
+
+def test_an_import_only_the_helper_read_goes_and_one_left_unused_by_the_author_stays():
+    source = HELPERS.replace("import os\n", "import os\nimport sys\n", 1)
+    out = convert(source, "train.py").output
+    assert "import os\n" not in out  # only `init_distributed_mode` read `os.environ`
+    assert "import sys\n" in out  # unused in the original too: not the conversion's to remove

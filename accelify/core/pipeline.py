@@ -245,11 +245,48 @@ def _convert_specialised(module: cst.Module, source: str, path: str, options: Op
     selected = options.select is not None  # `--select ACC027`: the launch alone, whatever else would do
     if result.error is not None or (result.output == text and not selected):
         return Result(path, source, source, findings=findings, error=result.error)  # refused (or an error)
+    output = _imports_left_unused(source, result.output)
     changes = [replace(c, line=lines(c.line)) for c in result.changes]
     for codemod, done, located in steps:
         changes.append(Change(located(done.line), codemod.CODE, done.change))
         findings.extend(replace(f, line=located(f.line)) for f in done.notes(path))
-    return Result(path, source, result.output, changes=sorted(changes), findings=sorted(findings))
+    return Result(path, source, output, changes=sorted(changes), findings=sorted(findings))
+
+
+def _imports_left_unused(source: str, output: str) -> str:
+    """The imports only the code a specialisation dropped read (``import os`` of a set-up helper that read
+    ``os.environ``) go, through LibCST's RemoveImportsVisitor; an import the original left unused stays."""
+    before, after = read_anywhere(source), read_anywhere(output)
+    if before is None or after is None or not before - after:
+        return output
+    gone = before - after
+    try:
+        module = cst.parse_module(output)
+    except cst.ParserSyntaxError:
+        return output
+    context = CodemodContext()
+    for line in module.body:
+        if not isinstance(line, cst.SimpleStatementLine):
+            continue
+        for small in line.body:
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    name = get_full_name_for_node(alias.name) or ""
+                    bound = alias.asname.name.value if alias.asname else name.split(".")[0]  # type: ignore[attr-defined]
+                    if bound in gone:
+                        RemoveImportsVisitor.remove_unused_import(
+                            context, name, asname=alias.asname.name.value if alias.asname else None)  # type: ignore[attr-defined]
+            elif isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(small.names, cst.ImportStar):
+                origin = "." * len(small.relative) + (get_full_name_for_node(small.module) or "")
+                for alias in small.names:
+                    bound = alias.asname.name.value if alias.asname else alias.name.value  # type: ignore[attr-defined]
+                    if bound in gone:
+                        RemoveImportsVisitor.remove_unused_import(
+                            context, origin, alias.name.value,  # type: ignore[arg-type]
+                            alias.asname.name.value if alias.asname else None)  # type: ignore[attr-defined]
+    if not context.scratch:
+        return output
+    return RemoveImportsVisitor(context).transform_module(module).code
 
 
 def _line_map(derived: str, source: str):
