@@ -17,6 +17,18 @@ from accelify.queries.walk import findall
 from .base import AccelifyCodemod
 
 
+def _frozen(module: cst.Module, name: str) -> bool:
+    """The script turns the gradients of ``name`` off (``for p in teacher.parameters(): p.requires_grad = False``,
+    ``teacher.requires_grad_(False)``): the evidence that no optimizer trains it (DINO's teacher)."""
+    for loop in findall(module, m.For(iter=m.Call(func=m.Attribute(value=m.Name(name), attr=m.Name("parameters"))))):
+        if isinstance(loop.target, cst.Name) and findall(loop.body, m.Assign(
+                targets=[m.AssignTarget(m.Attribute(value=m.Name(loop.target.value), attr=m.Name("requires_grad")))],
+                value=m.Name("False"))):
+            return True
+    return bool(findall(module, m.Call(func=m.Attribute(value=m.Name(name), attr=m.Name("requires_grad_")),
+                                       args=[m.Arg(m.Name("False"))])))
+
+
 class DataParallel(AccelifyCodemod):
     """Remove ``nn.DataParallel`` (or ``DistributedDataParallel``) around a trained model and unwrap ``model.module``.
 
@@ -74,7 +86,8 @@ class DataParallel(AccelifyCodemod):
             if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) and self._is_wrap(value) \
                     and has_qname(self, value.func, DDP) and m.matches(value.args[0].value, m.Name(assign.targets[0].target.value)) \
                     and not self.unwraps(value) and all(a.keyword is not None and a.keyword.value in ("device_ids", "output_device")
-                                                        for a in value.args[1:]):
+                                                        for a in value.args[1:]) \
+                    and _frozen(node, assign.targets[0].target.value):
                 self._untrained_wraps.add(id(value))
                 self.wrapped.add(ref_of(self, assign.targets[0].target))
         states = [c.func.value for c in findall(node, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[]))]  # type: ignore[attr-defined]

@@ -205,6 +205,8 @@ def test_dinos_teacher_wrapped_for_its_batch_norm_is_prepared_as_a_model():
         "    teacher = torch.nn.Linear(4, 2).cuda(args.gpu)\n"
         "    teacher = torch.nn.parallel.DistributedDataParallel(teacher, device_ids=[args.gpu])\n"
         "    teacher.module.load_state_dict(model.module.state_dict())\n"
+        "    for p in teacher.parameters():\n"
+        "        p.requires_grad = False\n"
         "    optimizer = torch.optim.SGD(")
     out = convert(source, "train.py").output
     assert "    teacher = accelerator.prepare_model(teacher)\n" in out
@@ -317,3 +319,16 @@ def test_an_import_only_the_helper_read_goes_and_one_left_unused_by_the_author_s
     out = convert(source, "train.py").output
     assert "import os\n" not in out  # only `init_distributed_mode` read `os.environ`
     assert "import sys\n" in out  # unused in the original too: not the conversion's to remove
+
+
+def test_a_wrapped_model_whose_gradients_stay_on_is_refused_not_prepared_as_a_teacher():
+    """modded-nanogpt trains its DDP model through optimizers over its parts, which accelify does not recognise:
+    without the evidence that nothing trains it (gradients turned off), the wrapper is a refusal."""
+    source = HELPERS.replace(
+        "    optimizer = torch.optim.SGD(",
+        "    teacher = torch.nn.Linear(4, 2).cuda(args.gpu)\n"
+        "    teacher = torch.nn.parallel.DistributedDataParallel(teacher, device_ids=[args.gpu])\n"
+        "    optimizer = torch.optim.SGD(")
+    result = convert(source, "train.py")
+    assert result.output == source
+    assert any("no optimizer it recognises trains it" in f.message for f in result.findings)
