@@ -203,3 +203,12 @@ if __name__ == "__main__":
     assert not result.changed
     finding = next(f for f in result.findings if f.code == "ACC114")
     assert "they read `model(x, y).item()`: one number per batch" in finding.message
+
+
+def test_a_statement_over_several_lines_is_named_on_one() -> None:
+    source = SCRIPT.replace(
+        "        total += mse.item()\n",
+        "        total += mse.item()\n        save(\n            out.view(8, 1, 28, 28))\n",
+    )
+    finding = next(f for f in convert(source).findings if f.code == "ACC114")
+    assert "also read by `save(out.view(8, 1, 28, 28))`, which accelify does not take for a metric" in finding.message

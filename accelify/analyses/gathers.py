@@ -236,7 +236,12 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         used = sorted(_reads(s) & set(gathered))
         if used:
             what = ", ".join(f"`{n}`" for n in used)
-            line = cst.Module(body=[]).code_for_node(s).strip().splitlines()[0]
+            code = cst.Module(body=[]).code_for_node(s).strip()
+            if isinstance(s, cst.BaseCompoundStatement):
+                line = code.splitlines()[0]  # its header: `if i == 0:`
+            else:  # a call over several lines, on one
+                line = " ".join(code.split())
+                line = line if len(line) <= 80 else line[:77] + "..."
             return (f"the values they read ({what}) are also read by `{line}`, which accelify does not take for a "
                     "metric; gathered, they would hold every process's samples there too (another shape)")
     # `output[1:]` of a gathered tensor: its first dimension holds every process's rows one after the
