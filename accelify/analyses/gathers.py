@@ -4,6 +4,8 @@ sample, which metric is a mean of batch means, or why the loop cannot be gathere
 
 from __future__ import annotations
 
+import re
+
 import keyword
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence, Union
@@ -240,7 +242,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
             if isinstance(s, cst.BaseCompoundStatement):
                 line = code.splitlines()[0]  # its header: `if i == 0:`
             else:  # a call over several lines, on one
-                line = " ".join(code.split())
+                line = re.sub(r"([(\[{])\s+|\s+(?=[)\]}])", r"\1", " ".join(code.split()))
                 line = line if len(line) <= 80 else line[:77] + "..."
             return (f"the values they read ({what}) are also read by `{line}`, which accelify does not take for a "
                     "metric; gathered, they would hold every process's samples there too (another shape)")
