@@ -4,9 +4,8 @@ sample, which metric is a mean of batch means, or why the loop cannot be gathere
 
 from __future__ import annotations
 
-import re
-
 import keyword
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
