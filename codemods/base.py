@@ -18,6 +18,7 @@ from accelify.queries.records import Change, RawFinding
 from accelify.queries.refs import key_at, ref_of, scope_key
 from accelify.queries.training import locate_setup, rebound_region, trainer_functions
 from accelify.queries.trees import Block, Item, remove_imports_of
+from accelify.queries.walk import findall
 
 Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 
@@ -131,6 +132,11 @@ class AccelifyCodemod(cst.CSTTransformer):
     def finished(self) -> None:
         """Called once the traversal is over: raise if it could not carry out what the plan promised
         (the pipeline then leaves the file unchanged and reports an internal error)."""
+
+    def name_free(self, name: str) -> bool:
+        """``name`` is read or bound nowhere in the file: an import of it would clash with nothing
+        (``from functools import reduce`` would)."""
+        return not findall(self.shared.module, m.Name(name))
 
     def other(self, code: str) -> "Optional[AccelifyCodemod]":
         """The codemod ``code`` of this run (None when it does not run): to ask what it decided."""

@@ -78,8 +78,8 @@ class DataParallel(AccelifyCodemod):
         )
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
         self.wrapped = set(self.plan.flow["model"]) if wraps else set()
-        # `teacher = DDP(teacher, ...)` around a model no optimizer trains: `accelerator.prepare_model(teacher)`
-        # (:meth:`_untrained`), whose `.module` is the wrapper's too
+        # `teacher = DDP(teacher, ...)` around a model the script freezes: `accelerator.prepare_model(teacher)`
+        # (in :meth:`leave_Call`), whose `.module` is the wrapper's too
         self._untrained_wraps: set[int] = set()
         for assign in findall(node, m.Assign()):
             value = assign.value

@@ -123,7 +123,7 @@ class Distributed(AccelifyCodemod):
             tensor = cst.Module(body=[]).code_for_node(updated_node.body[0].value.args[0].value)  # type: ignore[attr-defined]
             op = reduce_op(self, call)
             accelerator = self.accelerator_at(original_node)
-            if accelerator is None and self._free("reduce"):
+            if accelerator is None and self.name_free("reduce"):
                 # in a model's forward, a loss, a helper the Accelerator cannot reach (Barlow Twins' `all_reduce(c)`):
                 # accelerate's function, which works on the process group the Accelerator set up (and in one process)
                 add_target_import(self.context, "reduce")
@@ -135,7 +135,7 @@ class Distributed(AccelifyCodemod):
                                  f"`all_reduce({tensor})` -> `{tensor} = {accelerator}.reduce({tensor}, ...)`")
         if id(original_node) in dist.all_gathers:
             accelerator = self.accelerator_at(original_node)
-            if accelerator is None and not self._free("gather"):
+            if accelerator is None and not self.name_free("gather"):
                 return self._unreachable(original_node, updated_node)
             parts, tensor = (cst.Module(body=[]).code_for_node(a.value) for a in updated_node.body[0].value.args[:2])  # type: ignore[attr-defined]
             if not isinstance(call.args[1].value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
@@ -177,16 +177,12 @@ class Distributed(AccelifyCodemod):
     def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, method: str,
                    what: str) -> cst.BaseStatement:
         accelerator = self.accelerator_at(original)
-        if accelerator is None and method == "wait_for_everyone()" and self._free("wait_for_everyone"):
+        if accelerator is None and method == "wait_for_everyone()" and self.name_free("wait_for_everyone"):
             add_target_import(self.context, "wait_for_everyone")
             return self._rewrite(original, updated, "wait_for_everyone()", f"{what} -> `wait_for_everyone()` (accelerate.utils)")
         if accelerator is None:
             return self._unreachable(original, updated)
         return self._rewrite(original, updated, f"{accelerator}.{method}", f"{what} -> `{accelerator}.{method}`")
-
-    def _free(self, name: str) -> bool:
-        """``name`` is read or bound nowhere in the file (``from functools import reduce`` would clash)."""
-        return not findall(self.shared.module, m.Name(name))
 
     def _unreachable(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
         code = cst.Module(body=[]).code_for_node(original).strip().splitlines()[0]
@@ -387,7 +383,7 @@ class Distributed(AccelifyCodemod):
             accelerator = self.accelerator_at(original_node)
             if accelerator is None and _guarded(self, original_node):
                 return updated_node  # right as it is: Accelerate sets the process group up when there is one
-            if accelerator is None and self._free("PartialState"):
+            if accelerator is None and self.name_free("PartialState"):
                 # in a loss's or a model's method (DINO's `update_center`): the state the Accelerator set up
                 add_target_import(self.context, "PartialState")
                 self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.analyses.plan import Plan
-from accelify.queries.names import OPTIMIZER_BASES, qualified_names
+from accelify.queries.names import subclasses_optimizer
 
 from .base import AccelifyCodemod
 
@@ -70,7 +70,7 @@ class OptimizerStepClosure(AccelifyCodemod):
         self._classes: list[bool] = []  # for each enclosing class: is it an optimizer?
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self._classes.append(any(qualified_names(self, base.value) & OPTIMIZER_BASES for base in node.bases))
+        self._classes.append(subclasses_optimizer(self, node))
 
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self._classes.pop()

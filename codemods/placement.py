@@ -502,7 +502,7 @@ class RemovePlacement(AccelifyCodemod):
         if func.attr.value != "cuda" and (device is None or ref_of(self, device.value) is not None):
             return call  # a device variable or parameter: the device codemod decides
         accelerator = self.accelerator_at(original)
-        if accelerator is None and _method_of_class(self, original) and not findall(self.shared.module, m.Name("PartialState")):
+        if accelerator is None and _method_of_class(self, original) and self.name_free("PartialState"):
             # a model's or a loss's method (MoCo v3's `contrastive_loss`), run once the Accelerator exists: its state
             add_target_import(self.context, "PartialState")
             accelerator = "PartialState()"

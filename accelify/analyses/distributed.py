@@ -454,11 +454,11 @@ def _world_size_read(facts: Facts, call: cst.Call) -> Optional[Why]:
     (Barlow Twins: ``args.world_size = args.ngpus_per_node``, the GPUs of the machine) and read elsewhere
     (``args.batch_size // args.world_size``): under ``accelerate launch`` the processes are not those GPUs,
     and nothing here turns the reads into ``accelerator.num_processes``."""
+    inits = {id(c) for c in facts.calls if has_qname(facts, c.func, INIT)}  # (what any set-up is handed is no read)
     for arg in call.args:
         value = arg.value
         if arg.keyword is None or arg.keyword.value != "world_size" or not isinstance(value, cst.Attribute):
             continue
-        inits = {id(c) for c in facts.calls if has_qname(facts, c.func, INIT)}  # (what any set-up is handed is no read)
         reads = [n for n in findall(facts.module, m.Attribute(attr=m.Name(value.attr.value)))
                  if code_of(n) == code_of(value) and n is not value and not inside(facts, n, inits)
                  and not isinstance(facts.get_metadata(ParentNodeProvider, n, None), cst.AssignTarget)]

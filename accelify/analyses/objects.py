@@ -25,7 +25,7 @@ from accelify.analyses.foreign import called_function
 from accelify.analyses.facts import Facts, bind_arguments, param_names
 from accelify.queries.blocks import bound_on_all_paths, under
 from accelify.queries.loops import built_loader
-from accelify.queries.names import DATALOADERS, OPTIMIZER_BASES, code_of, has_qname, qualified_names, root_name
+from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name, subclasses_optimizer
 from accelify.queries.refs import MODULE, Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
@@ -153,8 +153,8 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
         for model in _param_group_models(c)  # type: ignore[arg-type]
     ]
     is_torch_optim = any(n.startswith("torch.optim.") and not n.startswith("torch.optim.swa_utils") for n in names)
-    looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names) or bool(
-        names & _optimizer_classes(facts))
+    looks_like_optim = any(_OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names) or any(
+        n in facts.classes and subclasses_optimizer(facts, facts.classes[n]) for n in names)
     if not found and (is_torch_optim or looks_like_optim) and facts.loops:
         # lists filled in a loop over the parameters (Barlow Twins: `for param in model.parameters():
         # (param_biases if param.ndim == 1 else param_weights).append(param)`, then `[{'params': param_weights}, ...]`)
@@ -167,12 +167,6 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
     if is_torch_optim:
         return []
     return _one_line_factory(facts, call)
-
-
-def _optimizer_classes(facts: Facts) -> set[str]:
-    """The classes of this file that subclass ``torch.optim.Optimizer`` (whatever their name)."""
-    return {name for name, cls in facts.classes.items()
-            if any(qualified_names(facts, base.value) & OPTIMIZER_BASES for base in cls.bases)}
 
 
 def _filled_from_parameters(facts: Facts) -> dict[str, cst.BaseExpression]:

@@ -65,11 +65,11 @@ def find(facts: Facts) -> Optional[tuple[Ref, str, bool]]:
             return None
         namespaces = [ref for ref, assigns in facts.assigns.items() if any(m.matches(a.value, _PARSE) for a in assigns)]
         if not namespaces:  # `main(parser.parse_args())`: the parameter is the namespace
-            namespaces = [(name, param) for name, function in facts.functions.items()
-                          for _, bound in facts.call_sites(name, function)
-                          for param, value in bound.items() if m.matches(value, _PARSE)]
-            if len(namespaces) == 1 and len(facts.call_sites(*_function(facts, namespaces[0][0]))) == 1:
-                return namespaces[0], dest, True
+            handed = [((name, param), len(sites)) for name, function in facts.functions.items()
+                      for sites in [facts.call_sites(name, function)]
+                      for _, bound in sites for param, value in bound.items() if m.matches(value, _PARSE)]
+            if len(handed) == 1 and handed[0][1] == 1:  # (one call, the only one of that function)
+                return handed[0][0], dest, True
             return None
         if len(namespaces) != 1 or len(facts.assigns[namespaces[0]]) != 1:
             return None
@@ -77,19 +77,16 @@ def find(facts: Facts) -> Optional[tuple[Ref, str, bool]]:
     return _configured(facts)
 
 
-def _function(facts: Facts, name: str) -> tuple[str, cst.FunctionDef]:
-    return name, facts.functions[name]
-
-
 def handed_on(facts: Facts, namespace: Ref) -> frozenset[Ref]:
     """The namespace and the parameters it is handed to: a parameter of a function of the file that every
     call hands the namespace (``main(args)`` under ``if __name__ == "__main__":``, then ``train(args)``)."""
     refs = {namespace}
+    sites_of = {name: facts.call_sites(name, function) for name, function in facts.functions.items()}
     changed = True
     while changed:
         changed = False
         for name, function in facts.functions.items():
-            sites = facts.call_sites(name, function)
+            sites = sites_of[name]
             for param in [p.name.value for p in function.params.params] if sites else []:
                 if (name, param) in refs:
                     continue

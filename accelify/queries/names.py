@@ -33,6 +33,11 @@ def has_qname(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozense
     return bool(qualified_names(visitor, node) & names)
 
 
+def subclasses_optimizer(visitor: cst.MetadataDependent, cls: cst.ClassDef) -> bool:
+    """``class LARS(torch.optim.Optimizer)`` (``optim.Optimizer`` after ``from torch import optim``)."""
+    return any(has_qname(visitor, base.value, OPTIMIZER_BASES) for base in cls.bases)
+
+
 
 
 
