@@ -222,6 +222,50 @@ def hold_ended_groups() -> list:
     return _ENDED_GROUPS
 
 
+class _LeavesWhenDone:
+    """A worker function for ``torch.multiprocessing`` that leaves its process with ``os._exit(0)``
+    once the function returns, its ended groups held (``hold_ended_groups``). Picklable: the
+    spawned process imports this module and the wrapped function as ``spawn`` would."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, *args) -> None:
+        hold_ended_groups()
+        self.fn(*args)  # an exception still goes to torch's worker wrapper and exits non-zero
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def leave_spawned_workers_cleanly() -> None:
+    """Have the workers ``torch.multiprocessing.spawn`` / ``start_processes`` starts leave as this
+    module's processes do: a worker that returns leaves with ``os._exit(0)``, not through the
+    interpreter's teardown, where gloo's threads were seen to abort it now and then ("terminate
+    called without an active exception", about 1 run in 6 of an ``mp.spawn`` script's two workers),
+    and the parent's ``join`` then fails the run. The worker's own work is untouched."""
+    try:
+        import torch.multiprocessing.spawn  # noqa: F401  (the module: the package's `spawn` is the function)
+    except ImportError:
+        return
+    spawn_module = sys.modules["torch.multiprocessing.spawn"]
+    start = spawn_module.start_processes
+    if getattr(start, "__wrapped__", None) is not None:
+        return
+    # by its importable name: under `python -m accelify.runtime.trace` this module is __main__
+    from accelify.runtime.trace import _LeavesWhenDone as leaves_when_done
+
+    def start_processes(fn, *args, **kwargs):
+        return start(leaves_when_done(fn), *args, **kwargs)
+
+    start_processes.__wrapped__ = start
+    spawn_module.start_processes = start_processes  # what spawn() calls
+    import torch.multiprocessing as multiprocessing
+
+    if multiprocessing.start_processes is start:  # the same function, re-exported
+        multiprocessing.start_processes = start_processes
+
+
 def _install_checks(names: str, recorder: _Recorder | None) -> None:
     """Install the checks ``names`` lists (see ``ACCELIFY_CHECKS``), recording to ``recorder``."""
     from accelify.runtime import checks
@@ -249,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         _install(recorder)
     _install_checks(os.environ.get(CHECKS_VAR, ""), recorder)
     _seed_host_generators()
+    leave_spawned_workers_cleanly()
 
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would have it

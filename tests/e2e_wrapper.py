@@ -28,7 +28,9 @@ In a process group (torchrun), the script is followed by a barrier and the group
 the process leaves with ``os._exit``: a converted script that does not end with
 ``accelerator.end_training()`` leaves gloo alive at interpreter exit, where it was seen to abort
 now and then ("terminate called without an active exception"): teardown noise, not a conversion
-bug. An exception from the script still gives a non-zero exit.
+bug. An exception from the script still gives a non-zero exit. The workers an ``mp.spawn`` original
+starts leave the same way once their function returns
+(``accelify.runtime.trace.leave_spawned_workers_cleanly``).
 
 Importing this file runs nothing: it is a script.
 """
@@ -131,9 +133,10 @@ def main():
         os.close(fd)
     # Groups the script ends stay referenced, and the process leaves with os._exit: a gloo teardown
     # deadlock in torch otherwise (see accelify.runtime.trace.hold_ended_groups).
-    from accelify.runtime.trace import hold_ended_groups
+    from accelify.runtime.trace import hold_ended_groups, leave_spawned_workers_cleanly
 
     ended = hold_ended_groups()
+    leave_spawned_workers_cleanly()  # an mp.spawn original's workers leave as this process does
     trace = os.environ.get("E2E_TRACE")
     report = _install_trace(ended) if trace else None
     # Every run emulates a GPU's device rules, and a traced one records its side effects

@@ -244,3 +244,37 @@ def test_trace_hook_holds_the_process_groups_a_script_ends(tmp_path, monkeypatch
     monkeypatch.setattr(trace.os, "_exit", exits.append)
     trace._teardown(stopped=False)
     assert exits == [0]
+
+
+_SPAWNING = '''
+import atexit, sys
+import torch.multiprocessing as mp
+
+
+def worker(index, marks, fail):
+    atexit.register(lambda: open(f"{marks}.{index}", "w").close())  # runs only through the teardown
+    print(f"worker {index} done", flush=True)
+    if fail:
+        raise RuntimeError("worker failed")
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, nprocs=2, args=(sys.argv[1], sys.argv[2] == "fail"))
+'''
+
+
+@pytest.mark.parametrize("outcome", ["ok", "fail"])
+def test_trace_hook_has_spawned_workers_leave_without_the_interpreters_teardown(tmp_path, outcome):
+    """A worker ``mp.spawn`` starts under the hook leaves with os._exit once it returns (gloo
+    aborted now and then in that teardown), and a worker that raises still fails the run."""
+    pytest.importorskip("torch")
+    (tmp_path / "spawning.py").write_text(_SPAWNING)
+    marks = tmp_path / "mark"
+    proc = subprocess.run([sys.executable, "-m", "accelify.runtime.trace", "spawning.py", str(marks), outcome],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.count("done") == 2, proc.stderr
+    if outcome == "ok":
+        assert proc.returncode == 0, proc.stderr
+        assert not list(tmp_path.glob("mark.*")), "a worker ran the interpreter's teardown"
+    else:
+        assert proc.returncode != 0 and "worker failed" in proc.stderr
