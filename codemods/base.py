@@ -34,9 +34,10 @@ TARGET_MODULES = {
         "wait_for_everyone": "accelerate.utils",
         "PartialState": "accelerate",
         "gather": "accelerate.utils",
+        "broadcast": "accelerate.utils",
     },
     "runtime": dict.fromkeys(("Accelerator", "DistributedDataParallelKwargs", "set_seed", "gather_object", "reduce",
-                              "wait_for_everyone", "PartialState", "gather"), "accelify.runtime"),
+                              "wait_for_everyone", "PartialState", "gather", "broadcast"), "accelify.runtime"),
 }
 
 
@@ -135,8 +136,14 @@ class AccelifyCodemod(cst.CSTTransformer):
 
     def name_free(self, name: str) -> bool:
         """``name`` is read or bound nowhere in the file: an import of it would clash with nothing
-        (``from functools import reduce`` would)."""
-        return not findall(self.shared.module, m.Name(name))
+        (``from functools import reduce`` would). An attribute's name (``dist.broadcast``) or a keyword
+        (``f(reduce=...)``) clashes with nothing."""
+        for node in findall(self.shared.module, m.Name(name)):
+            parent = self.get_metadata(ParentNodeProvider, node, None)
+            if not ((isinstance(parent, cst.Attribute) and parent.attr is node)
+                    or (isinstance(parent, cst.Arg) and parent.keyword is node)):
+                return False
+        return True
 
     def other(self, code: str) -> "Optional[AccelifyCodemod]":
         """The codemod ``code`` of this run (None when it does not run): to ask what it decided."""

@@ -102,6 +102,10 @@ class Distributed(AccelifyCodemod):
         if id(original_node) in dist.gathered:
             return self._drop(original_node, updated_node,
                               "all-reduce removed: the counts are gathered with `gather_for_metrics` (ACC011)")
+        if len(original_node.body) == 1 and id(original_node.body[0]) in dist.queries.values() and (
+            self._asks_the_state(original_node)
+        ):
+            return self._state_query(original_node, updated_node)
         if id(original_node) in dist.remove or self._calls_helper(original_node) or (
             len(original_node.body) == 1 and id(original_node.body[0]) in dist.rank_assigns
         ):
@@ -133,6 +137,8 @@ class Distributed(AccelifyCodemod):
                 return self._unreachable(original_node, updated_node)
             return self._rewrite(original_node, updated_node, f'{tensor} = {accelerator}.reduce({tensor}, reduction="{op}")',
                                  f"`all_reduce({tensor})` -> `{tensor} = {accelerator}.reduce({tensor}, ...)`")
+        if id(original_node) in dist.broadcasts:
+            return self._broadcast(original_node, updated_node)
         if id(original_node) in dist.all_gathers:
             accelerator = self.accelerator_at(original_node)
             if accelerator is None and not self.name_free("gather"):
@@ -173,6 +179,40 @@ class Distributed(AccelifyCodemod):
         arguments = ", ".join(empty.code_for_node(a) for a in spawn_arguments(call, worker, gone))
         return self._rewrite(original, updated, f"{name}({arguments})", f"`{empty.code_for_node(call.func)}(...)` "
                              f"-> `{name}({arguments})`: the launcher starts the processes")
+
+    def _broadcast(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+        """``dist.broadcast(t, src=0)`` -> ``t = broadcast(t, from_process=0)``: the Accelerator has no such
+        method, so accelerate's function, wherever it is (MoCo's batch shuffle, in the model)."""
+        if not self.name_free("broadcast"):
+            return self._unreachable(original, updated)  # type: ignore[return-value]
+        call = updated.body[0].value  # type: ignore[attr-defined]
+        arguments = [a for a in call.args if a.keyword is None or a.keyword.value != "async_op"]
+        tensor, source = (cst.Module(body=[]).code_for_node(a.value) for a in arguments)
+        add_target_import(self.context, "broadcast")
+        return self._rewrite(original, updated, f"{tensor} = broadcast({tensor}, from_process={source})",
+                             f"`broadcast({tensor}, ...)` -> `{tensor} = broadcast({tensor}, ...)` (accelerate.utils)")
+
+    def _asks_the_state(self, node: cst.CSTNode) -> bool:
+        """Code in a function that cannot reach the Accelerator, where ``PartialState()`` can stand in."""
+        return self.accelerator_at(node) is None and enclosing_function(self, node) is not None and (
+            self.name_free("PartialState"))
+
+    def _kept_query(self, node: cst.CSTNode) -> bool:
+        """``node`` reads a rank name bound to a bare query that stays (``_state_query``)."""
+        dist = self.plan.distributed
+        return dist is not None and ref_of(self, node) in dist.queries and self._asks_the_state(node)
+
+    def _state_query(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+        """``gpu_idx = dist.get_rank()`` where the Accelerator cannot be reached (MoCo's batch shuffle, in the
+        model) -> ``gpu_idx = PartialState().process_index``; its reads stay as they are."""
+        call = original.body[0].value  # type: ignore[attr-defined]
+        attribute = _query(self, call)
+        add_target_import(self.context, "PartialState")
+        remove_imports_of(self.context, call)
+        code = cst.Module(body=[]).code_for_node(call)
+        self.change(original, f"`{code}` -> `PartialState().{attribute}` (the Accelerator's state, where it cannot be reached)")
+        small = updated.body[0]
+        return updated.with_changes(body=[small.with_changes(value=cst.parse_expression(f"PartialState().{attribute}"))])
 
     def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, method: str,
                    what: str) -> cst.BaseStatement:
@@ -289,7 +329,7 @@ class Distributed(AccelifyCodemod):
             return updated_node
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
-            if self._passed_only(original_node):
+            if self._passed_only(original_node) or self._kept_sides(original_node):
                 return updated_node  # `gpu_id == 0` on a parameter handed the rank: still right
             return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
         self.change(original_node, f"rank test -> `{accelerator}.{test}`")
@@ -313,6 +353,10 @@ class Distributed(AccelifyCodemod):
             return cpu_string(self, original_node)
         self.change(original_node, f"per-rank device -> `{accelerator}.device`")
         return accelerator_attr(accelerator, "device")
+
+    def _kept_sides(self, comparison: cst.BaseExpression) -> bool:
+        return isinstance(comparison, cst.Comparison) and any(
+            self._kept_query(s) for s in (comparison.left, comparison.comparisons[0].comparator))
 
     def _passed_only(self, comparison: cst.BaseExpression) -> bool:
         dist = self.plan.distributed
@@ -346,6 +390,8 @@ class Distributed(AccelifyCodemod):
         if self._in_removed_code(original):
             return updated
         accelerator = self.accelerator_at(original)
+        if accelerator is None and self._kept_query(original):
+            return updated  # the name still holds the process's rank (`_state_query`)
         if accelerator is None:
             return self._unreachable(original, updated)  # type: ignore[return-value]
         if attribute in MAIN_TESTS and self._device_position(original):

@@ -4,7 +4,7 @@ Installed as ``accelify.runtime`` (the folder in the repository is ``runtime/``)
 torch only and never imports libcst, rich or typer, so it can ship to a training environment
 alone. ``accelify convert --target runtime`` writes ``from accelify.runtime import Accelerator``
 (and ``set_seed``, ``DistributedDataParallelKwargs``, ``gather_object``, ``gather``, ``reduce``,
-``wait_for_everyone``, ``PartialState``) instead of importing accelerate.
+``wait_for_everyone``, ``PartialState``, ``broadcast``) instead of importing accelerate.
 
 Each name is resolved on first use (module ``__getattr__``), so ``import accelify.runtime``
 imports neither torch nor accelerate:
@@ -33,6 +33,7 @@ _FROM_ACCELERATE = {
     "wait_for_everyone": ("accelerate.utils", "wait_for_everyone"),
     "PartialState": ("accelerate", "PartialState"),
     "gather": ("accelerate.utils", "gather"),
+    "broadcast": ("accelerate.utils", "broadcast"),
 }
 
 __all__ = sorted(_FROM_ACCELERATE)

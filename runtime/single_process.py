@@ -113,6 +113,11 @@ def gather(tensor: Any) -> Any:
     return tensor
 
 
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """``accelerate.utils.broadcast`` in one process: the tensor (or nested tensors), unchanged."""
+    return tensor
+
+
 def gather_object(object: Any) -> Any:  # noqa: A002 (accelerate's parameter name)
     """``accelerate.utils.gather_object`` in one process: the object, unchanged."""
     return object

@@ -233,3 +233,125 @@ def test_a_rank_read_where_no_accelerator_exists_is_named():
     assert result.output == source
     finding = next(f for f in result.findings if f.code == "ACC126")
     assert finding.message.startswith("`args.local_rank` (a rank or a collective of the launch) is in the module")
+
+
+BATCH_SHUFFLED = SPAWNED.replace('''class LARS(optim.Optimizer):''', '''class Shuffled(torch.nn.Module):
+    @torch.no_grad()
+    def shuffle(self, x):
+        idx_shuffle = torch.randperm(x.shape[0])
+        torch.distributed.broadcast(idx_shuffle, src=0)
+        gpu_idx = torch.distributed.get_rank()
+        if gpu_idx == 0:
+            print("shuffled")
+        return x[idx_shuffle.view(2, -1)[gpu_idx]]
+
+
+class LARS(optim.Optimizer):''')
+
+
+def test_a_broadcast_and_a_rank_in_a_model_ask_accelerates_state():
+    """MoCo's batch shuffle, in the model: `torch.distributed.broadcast(idx_shuffle, src=0)` and
+    `gpu_idx = torch.distributed.get_rank()`, where no Accelerator can be reached. The broadcast is
+    accelerate's function (in place on the process group, the tensor as it is in one process); the rank
+    name stays, bound to `PartialState().process_index`, and its reads and tests stay as written."""
+    result = convert(BATCH_SHUFFLED)
+    out = result.output
+    assert "        idx_shuffle = broadcast(idx_shuffle, from_process=0)\n" in out
+    assert "        gpu_idx = PartialState().process_index\n" in out
+    assert "        if gpu_idx == 0:\n" in out and "[gpu_idx]]" in out
+    assert "from accelerate.utils import broadcast" in out and "PartialState" in out.split("class Shuffled")[0]
+    assert "ACC126" not in [f.code for f in result.findings]
+    runtime = convert(BATCH_SHUFFLED, target="runtime").output
+    assert "broadcast" in next(line for line in runtime.splitlines() if line.startswith("from accelify.runtime import"))
+
+
+def test_a_broadcast_of_another_shape_is_refused():
+    source = BATCH_SHUFFLED.replace("torch.distributed.broadcast(idx_shuffle, src=0)",
+                                    "torch.distributed.broadcast(idx_shuffle, src=0, group=group)")
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC126")
+    assert "is not `broadcast(tensor, src)` of a named tensor" in finding.message
+
+
+def test_an_attribute_named_like_an_import_does_not_block_it():
+    """`torch.distributed.broadcast` itself names `broadcast` as an attribute: no clash with
+    `from accelerate.utils import broadcast`; a name `broadcast` of the file's own does clash."""
+    assert "= broadcast(" in convert(BATCH_SHUFFLED).output
+    clashing = "from torch.distributed import broadcast as broadcast\n" + BATCH_SHUFFLED
+    result = convert(clashing)
+    assert result.output == clashing and "ACC126" in [f.code for f in result.findings]
+
+
+REDUCED_BY_HELPER = '''import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def reduce_value(value):
+    dist.all_reduce(value)
+    return value
+
+
+def evaluate(model, loader):
+    correct = torch.zeros(1)
+    for x, y in loader:
+        pred = model(x).argmax(1)
+        correct += (pred == y).sum()
+    correct = reduce_value(correct)
+    return correct.item()
+
+
+def main():
+    dist.init_process_group("gloo")
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+    test_loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))
+    model = DDP(torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(evaluate(model, test_loader))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_gathered_counts_reduced_again_by_a_helper_are_refused():
+    """WZMIAOMIAO's `sum_num = reduce_value(sum_num, average=False)` after an evaluation loop: the loop's
+    predictions are gathered (ACC011), so every process holds the whole set's count, and the helper's
+    all-reduce (kept: it reduces other values too) doubled it on two processes. Converted before."""
+    result = convert(REDUCED_BY_HELPER)
+    assert result.output == REDUCED_BY_HELPER
+    finding = next(f for f in result.findings if f.code == "ACC126")
+    assert finding.line == 18 and "`reduce_value(correct)` adds up over the processes the counts" in finding.message
+
+
+def test_the_suggested_all_reduce_in_place_converts_with_the_counts_gathered_once():
+    source = REDUCED_BY_HELPER.replace("    correct = reduce_value(correct)\n", "    dist.all_reduce(correct)\n")
+    out = convert(source).output
+    assert "gather_for_metrics((pred, y))" in out and "all_reduce(correct)" not in out
+    assert "reduce(correct" not in out and "reduce_value(correct)" not in out
+
+
+def test_a_loader_wrapped_in_a_progress_bar_under_its_own_name_is_still_the_prepared_one():
+    """WZMIAOMIAO's `if is_main_process(): data_loader = tqdm(data_loader, file=sys.stdout)` in the function
+    handed the loader: the same batches behind a progress bar. It was ACC123 ("binds it again ... never goes
+    through `prepare`")."""
+    source = "from tqdm import tqdm\n" + REDUCED_BY_HELPER.replace(
+        "    correct = reduce_value(correct)\n", "    dist.all_reduce(correct)\n").replace(
+        "    correct = torch.zeros(1)\n", "    correct = torch.zeros(1)\n    if dist.get_rank() == 0:\n"
+        "        loader = tqdm(loader)\n")
+    result = convert(source)
+    assert "ACC123" not in [f.code for f in result.findings]
+    assert "        loader = tqdm(loader, disable=not accelerator.is_local_main_process)\n" in result.output or (
+        "        loader = tqdm(loader)\n" in result.output), result.output
+    assert "gather_for_metrics((pred, y))" in result.output

@@ -303,6 +303,8 @@ def test_single_process_facts_and_no_op_contexts(capsys):
     accelerator.set_trigger()
     assert accelerator.check_trigger() and not accelerator.check_trigger()
     assert single_process.gather_object([1, 2]) == [1, 2]
+    data = torch.arange(3)
+    assert single_process.broadcast(data, from_process=0) is data
 
 
 # ---------------------------------------------------------------- models and files

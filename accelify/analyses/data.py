@@ -346,7 +346,8 @@ def rebound_loaders(facts: Facts, plan: Plan) -> bool:
     for key, name in sorted(plan.flow["loader"]):
         if key == plan.setup or key == plan.owner:
             continue  # the setup scope: a loader bound again after `prepare` is prepare_point's
-        again = [a for a in facts.assigns.get((key, name), []) if facts.assign_key.get(id(a)) == key]
+        again = [a for a in facts.assigns.get((key, name), []) if facts.assign_key.get(id(a)) == key
+                 and not _wraps_itself(facts, a.value, name)]
         if again:
             value = again[0].value
             made = f"{code_of(value.func)}(...)" if isinstance(value, cst.Call) else code_of(value)
@@ -360,6 +361,13 @@ def rebound_loaders(facts: Facts, plan: Plan) -> bool:
             )
             return False
     return True
+
+
+def _wraps_itself(facts: Facts, value: cst.BaseExpression, name: str) -> bool:
+    """``data_loader = tqdm(data_loader, ...)`` (on the main process only, in WZMIAOMIAO's ``evaluate``): the same
+    batches, in the same order, behind a progress bar; still the prepared loader."""
+    peeled = peel_iterable(facts, value) if isinstance(value, cst.Call) else value
+    return peeled is not value and isinstance(peeled, cst.Name) and peeled.value == name
 
 
 def loops_through_wrappers(facts: Facts, plan: Plan) -> bool:

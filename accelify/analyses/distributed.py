@@ -20,10 +20,11 @@ all of that, so each construct has one fate:
   the DataLoader's drops the last short batch);
 - ``dist.barrier()`` -> ``accelerator.wait_for_everyone()``, ``dist.all_reduce(t, op)`` ->
   ``t = accelerator.reduce(t, reduction=...)``, ``dist.get_rank()``/``get_world_size()`` -> the
-  Accelerator's attributes, ``dist.is_initialized()`` -> ``accelerator.use_distributed``;
+  Accelerator's attributes, ``dist.is_initialized()`` -> ``accelerator.use_distributed``,
+  ``dist.broadcast(t, src=0)`` -> ``t = broadcast(t, from_process=0)`` (``accelerate.utils``);
   ``model.no_sync()`` -> ``accelerator.no_sync(model)`` (the same context on the prepared model).
 
-Anything else distributed (an ``mp.spawn`` accelify cannot follow, ``all_gather``, ``broadcast``,
+Anything else distributed (an ``mp.spawn`` accelify cannot follow, an ``all_gather`` or ``broadcast`` of another shape,
 process subgroups, FSDP, ``require_backward_grad_sync``, a rank spelled another way) refuses the file (ACC126) with a finding that names it:
 half a conversion would wrap the model twice or shard the data twice.
 
@@ -79,6 +80,7 @@ BARRIER = both("barrier")
 
 ALL_REDUCE = both("all_reduce")
 ALL_GATHER = both("all_gather")
+BROADCAST = both("broadcast")
 
 
 IS_INITIALIZED = both("is_initialized")
@@ -180,6 +182,12 @@ class Distributed:
     spawn: Optional[tuple[int, str, list[str]]] = None
     #: ``DistributedDataParallelKwargs`` arguments, in the order written
     ddp_kwargs: list[str] = field(default_factory=list)
+    #: rank names bound once to a bare query (``gpu_idx = dist.get_rank()``) -> the id of that assignment:
+    #: where the Accelerator cannot be reached (a model's method), the assignment stays, asking
+    #: ``PartialState()``, and its reads stay as they are
+    queries: dict[Ref, int] = field(default_factory=dict)
+    #: ``dist.broadcast(t, src)`` statements -> (``t``, ``src``): ``t = broadcast(t, from_process=src)``
+    broadcasts: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = field(default_factory=dict)
 
 
 def decide(facts: Facts, plan: Plan) -> bool:
@@ -228,6 +236,9 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
                     "as `int(os.environ[\"LOCAL_RANK\"])`, or use `accelerator.process_index`")
         dist.ranks[ref] = kind  # type: ignore[assignment]
         dist.rank_assigns.add(id(assigns[0]))
+        value = assigns[0].value
+        if isinstance(value, cst.Call) and not value.args and has_qname(facts, value.func, GET_RANK | GET_WORLD_SIZE):
+            dist.queries[ref] = id(assigns[0])
         handled.update(id(c) for c in findall(assigns[0].value, m.Call()))
     why = arg_ranks(facts, plan, dist, env_reads)
     if why is not None:
@@ -444,6 +455,8 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
         return _all_reduce(facts, call, statement)
     if names & ALL_GATHER:
         return _all_gather(facts, dist, call, statement)
+    if names & BROADCAST:
+        return _broadcast(dist, call, statement)
     return (call, f"`{code_of(call.func)}` ({sorted(names)[0]}) has no Accelerate equivalent accelify knows",
             "convert this call by hand (`accelerator.gather`, `accelerator.reduce`, `broadcast_object_list` in "
             "`accelerate.utils`), then run accelify again")
@@ -520,6 +533,21 @@ def _all_gather(facts: Facts, dist: Distributed, call: cst.Call,
             return node, f"`{code_of(parts)}` is read before the all_gather fills it", usage
     dist.remove.add(id(init))
     dist.all_gathers[id(statement)] = (parts, tensor)
+    return None
+
+
+def _broadcast(dist: Distributed, call: cst.Call, statement: Optional[cst.SimpleStatementLine]) -> Optional[Why]:
+    """``dist.broadcast(t, src=0)`` (``src`` by keyword or second), as a statement, ``t`` a name or an
+    attribute: ``t = broadcast(t, from_process=0)``, accelerate's function, which broadcasts in place on
+    the process group Accelerate set up (and returns the tensor as it is in one process)."""
+    usage = "use `t = broadcast(t, from_process=0)` (accelerate.utils)"
+    arguments = [a for a in call.args if not (a.keyword is not None and a.keyword.value == "async_op"
+                                              and code_of(a.value) == "False")]
+    if statement is None or len(arguments) != 2 or arguments[0].keyword is not None or not isinstance(
+        arguments[0].value, (cst.Name, cst.Attribute)
+    ) or (arguments[1].keyword is not None and arguments[1].keyword.value != "src"):
+        return call, f"`{code_of(call)}` is not `broadcast(tensor, src)` of a named tensor, as a statement", usage
+    dist.broadcasts[id(statement)] = (arguments[0].value, arguments[1].value)
     return None
 
 
@@ -691,7 +719,45 @@ def reductions(facts: Facts, plan: Plan) -> bool:
                 )
                 plan.distributed = None
                 return False
+    return _reduced_by_helper(facts, plan)
+
+
+def _reduced_by_helper(facts: Facts, plan: Plan) -> bool:
+    """False (ACC126) when the counts of an evaluation loop ACC011 gathers are then handed to a function of
+    the file that all-reduces what it is given (WZMIAOMIAO's ``sum_num = reduce_value(sum_num, average=False)``):
+    gathered, they are the whole set's on every process already, and the helper (kept: it also reduces
+    other values, a loss for the log) would add them up once per process."""
+    from accelify.analyses.gathers import Gather, find_gather
+    from accelify.queries.blocks import enclosing_function
+    from accelify.queries.names import assigned_names
+
+    reducing = {func.name.value for func in facts.functions.values() if any(
+        has_qname(facts, c.func, ALL_REDUCE) and c.args and isinstance(c.args[0].value, cst.Name)
+        and c.args[0].value.value in {p.name.value for p in func.params.params}
+        for c in findall(func, m.Call()))}
+    for call in facts.calls:
+        if not isinstance(call.func, cst.Name) or call.func.value not in reducing:
+            continue
+        handed = {n.value for a in call.args for n in findall(a.value, m.Name())}
+        func = enclosing_function(facts, call)
+        scope: cst.CSTNode = func if func is not None else facts.module
+        for loop in facts.loops:
+            if not inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
+                continue
+            counted = {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(  # type: ignore[attr-defined]
+                aug.target.value if isinstance(aug.target, cst.Subscript) else aug.target)}  # type: ignore[attr-defined]
+            if counted & handed and isinstance(find_gather(facts, loop, plan), Gather):
+                facts.finding(
+                    plan, call, "ACC126", f"`{code_of(call)}` adds up over the processes the counts of an evaluation "
+                    f"loop that are gathered (ACC011): gathered, they are the whole set's on every process, and "
+                    f"`{call.func.value}` would count them once per process. File not converted.",
+                    f"all-reduce these counts in this function (`dist.all_reduce(...)`, which accelify drops once "
+                    f"they are gathered) instead of through `{call.func.value}`, then run accelify again",
+                )
+                plan.distributed = None
+                return False
     return True
+
 
 DATA_PARALLEL = frozenset(
     {
