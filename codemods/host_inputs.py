@@ -8,11 +8,12 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
-from accelify.analyses.data import places_nothing
+from accelify.analyses.data import is_hand_made, places_nothing
+from accelify.analyses.distributed import DDP
 from accelify.analyses.plan import Plan
 from accelify.queries.blocks import scope_root
 from accelify.queries.loops import enclosing_loop_over
-from accelify.queries.names import qualified_names
+from accelify.queries.names import has_qname, qualified_names
 from accelify.queries.refs import ref_of
 from accelify.queries.training import locate_setup, trainer_functions
 from accelify.queries.walk import findall
@@ -78,7 +79,11 @@ class HostInputs(AccelifyCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         self._place: dict[int, str] = {}  # id of an argument's value -> how its scope spells the Accelerator
         self._batches = {}
-        if not places_nothing(self, self.plan, node):
+        # `DistributedDataParallel(model, device_ids=[rank])` moved what it was given to the process's GPU:
+        # `ddp_model(torch.randn(20, 10))` (the DDP tutorial). The prepared model is a plain one in one process.
+        ddp_moved = self.plan.distributed is not None and any(
+            has_qname(self, c.func, DDP) for c in findall(node, m.Call()))
+        if not places_nothing(self, self.plan, node) and not ddp_moved:
             return
         root = scope_root(node, self.plan.setup)
         located = locate_setup(root, set(self.plan.anchors()), trainer_functions(node)) if root is not None else None
@@ -95,7 +100,7 @@ class HostInputs(AccelifyCodemod):
                 batch = self._early_batch_statement(arg.value)
                 if batch is not None:
                     self._place_batch(batch)
-                elif self._computed_on_host(arg.value):
+                elif self._computed_on_host(arg.value) or (ddp_moved and is_hand_made(self, arg.value)):
                     accelerator = self.accelerator_at(call)
                     if accelerator is not None:
                         self._place[id(arg.value)] = accelerator

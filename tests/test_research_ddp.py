@@ -355,3 +355,55 @@ def test_a_loader_wrapped_in_a_progress_bar_under_its_own_name_is_still_the_prep
     assert "        loader = tqdm(loader, disable=not accelerator.is_local_main_process)\n" in result.output or (
         "        loader = tqdm(loader)\n" in result.output), result.output
     assert "gather_for_metrics((pred, y))" in result.output
+
+
+ELASTIC = '''import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def demo_basic():
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    device_id = rank % torch.cuda.device_count()
+    model = nn.Linear(10, 5).to(device_id)
+    ddp_model = DDP(model, device_ids=[device_id])
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    labels = torch.randn(20, 5).to(device_id)
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+
+
+if __name__ == "__main__":
+    demo_basic()
+'''
+
+
+def test_the_gpu_of_a_rank_on_its_machine_and_the_inputs_ddp_moved():
+    """The DDP tutorial's elastic example: `device_id = rank % torch.cuda.device_count()` is the process's GPU on
+    its machine (`local_process_index`): the placements on it are `accelerator.device`. It was refused with
+    ACC121, "the script places nothing on a device", for a script that places its labels and its model. The
+    input `torch.randn(20, 10)` reached the GPU through `DistributedDataParallel(..., device_ids=[device_id])`;
+    the prepared model in one process moves nothing, so it is placed at the call."""
+    result = convert(ELASTIC)
+    out = result.output
+    assert "ACC121" not in [f.code for f in result.findings]
+    assert "device_id" not in out and "torch.cuda.device_count()" not in out
+    assert "model = nn.Linear(10, 5).to(accelerator.device)\n" in out
+    assert "outputs = ddp_model(torch.randn(20, 10).to(accelerator.device))\n" in out
+    assert "labels = torch.randn(20, 5).to(accelerator.device)\n" in out
+
+
+def test_a_rank_modulo_anything_else_is_no_rank_and_the_refusal_says_where_the_data_goes():
+    """`rank % 4` is no GPU accelify knows: refused, and not with "places nothing on a device" (false: the
+    script places its model and labels on `device_id`)."""
+    source = ELASTIC.replace("rank % torch.cuda.device_count()", "rank % 4")
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC121")
+    assert "places nothing" not in finding.message and "places it on `device_id`" in finding.message

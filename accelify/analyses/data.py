@@ -50,6 +50,8 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     hand and places nothing: ``prepare`` would move the model and leave the data on the CPU."""
     if plan.devices or plan.has_accelerator or ".cuda(" in facts.module.code or _placed_by_option(facts):
         return True  # the script places things itself: it already moves what it makes
+    if _placed_on_a_rank(facts, plan):
+        return True  # `.to(device_id)`, `device_id = rank % torch.cuda.device_count()`: each process's own GPU
     placer = _foreign_placement(facts)
     if placer is not None:
         call, module = placer
@@ -94,6 +96,17 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
             "`accelerator.device`.",
         )
         return False
+    elsewhere = _placed_on_a_name(facts)
+    if hand_made and elsewhere is not None:
+        facts.finding(
+            plan, elsewhere, "ACC121", f"the training data does not come from a DataLoader, and `{code_of(elsewhere)}` "
+            f"places it on `{code_of(elsewhere.args[0].value)}`, which accelify cannot follow to a device it knows: "
+            "`prepare` would move the model to the accelerator, and the data would stay where the script puts it. "
+            "File not converted.",
+            f"choose `{code_of(elsewhere.args[0].value)}` with `torch.device(...)` where the model is built, or move "
+            "the tensors with `.to(accelerator.device)` by hand.",
+        )
+        return False
     if hand_made:
         facts.finding(
             plan, first, "ACC121", "the training data does not come from a DataLoader and the script places nothing "
@@ -116,6 +129,29 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
         )
         return False
     return True
+
+
+def _placed_on_a_name(facts: Facts) -> Optional[cst.Call]:
+    """The first ``x.to(d)`` with ``d`` a name or an attribute (no dtype of torch): a placement on a device
+    accelify does not know (what it knows is in ``plan.devices``), so not "nothing placed"."""
+    for call in facts.calls:
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "to" and call.args and (
+            call.args[0].keyword is None and isinstance(call.args[0].value, (cst.Name, cst.Attribute))
+            and not any(n.startswith("torch.") for n in qualified_names(facts, call.args[0].value))
+        ):
+            return call
+    return None
+
+
+def _placed_on_a_rank(facts: Facts, plan: Plan) -> bool:
+    """``x.to(r)`` with ``r`` a name that holds the process's rank (``plan.distributed``): the script places
+    its tensors on each process's GPU (the DDP tutorial's ``labels = torch.randn(20, 5).to(device_id)``)."""
+    dist = plan.distributed
+    if dist is None:
+        return False
+    ranks = set(dist.ranks) | set(dist.passed)
+    return any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "to" and c.args
+               and ref_of(facts, c.args[0].value) in ranks for c in facts.calls)
 
 
 #: what a function or class that trains is called

@@ -334,6 +334,19 @@ def rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.Bas
             return "num_processes"
     if launched_test(facts, value, env_reads):
         return "use_distributed"
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo) and isinstance(
+        value.right, cst.Call
+    ) and not value.right.args and has_qname(facts, value.right.func, _DEVICE_COUNT):
+        # `device_id = rank % torch.cuda.device_count()` (the DDP tutorial's elastic example): the process's
+        # GPU on its machine, what `local_process_index` is under a launcher that starts one per GPU
+        left = value.left
+        bound = facts.assigns.get(ref_of(facts, left), []) if isinstance(left, cst.Name) else []
+        sources = [left] if not isinstance(left, cst.Name) else [a.value for a in bound] if len(bound) == 1 else []
+        if sources and not isinstance(sources[0], cst.BinaryOperation) and rank_source(
+            facts, sources[0], env_reads
+        ) == "process_index":
+            return "local_process_index"
+        return None
     inner = value
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "int" and len(value.args) == 1:
         inner = value.args[0].value
@@ -352,6 +365,10 @@ def rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.Bas
             return (f"?`{code_of(value)}` has the default `{code_of(default)}` for a run without a launcher "
                     "(a script with a single-process path too)")
     return ENV_RANKS[key]
+
+
+#: how many GPUs the machine has
+_DEVICE_COUNT = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
 
 
 def launched_test(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> bool:
