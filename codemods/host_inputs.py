@@ -33,7 +33,9 @@ class HostInputs(AccelifyCodemod):
     Converted, the model is on the accelerator's device and ``test_x`` is not: on a GPU the call
     raises. ``.to(accelerator.device)`` at the call moves it there (and does nothing where the
     script still runs on the CPU). Batches of a prepared loader are placed already; tensors made
-    by a factory (``torch.randn(...)`` noise) are refused instead (ACC121).
+    by a factory (``torch.randn(...)`` noise) are refused instead (ACC121). In a script that wrapped its
+    model in ``DistributedDataParallel`` (which moved what it was given to the process's GPU:
+    ``ddp_model(torch.randn(20, 10))``), those are placed at the call too.
 
     Before::
 

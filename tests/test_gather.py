@@ -212,3 +212,42 @@ def test_a_statement_over_several_lines_is_named_on_one() -> None:
     )
     finding = next(f for f in convert(source).findings if f.code == "ACC114")
     assert "also read by `save(out.view(8, 1, 28, 28))`, which accelify does not take for a metric" in finding.message
+
+
+def test_metrics_under_an_if_on_something_not_gathered_are_metrics() -> None:
+    """DINO's linear evaluation: `if linear_classifier.module.num_labels >= 5: acc1, acc5 = accuracy(...)`
+    `else: acc1, = accuracy(...)`, then the meters updated, one of them under the same test: the `if`
+    holds only metrics and what they read, and its test reads nothing gathered. It was ACC114 ("also read
+    by `if ...:`, which accelify does not take for a metric")."""
+    source = SCRIPT.replace(
+        "        mse = criterion(out, y)\n        total += mse.item()\n",
+        "        if wide:\n            acc1, acc5 = accuracy(out, y, topk=(1, 5))\n        else:\n"
+        "            acc1, = accuracy(out, y, topk=(1,))\n        top1 += acc1.item()\n"
+        "        if wide:\n            top5 += acc5.item()\n",
+    )
+    result = convert(source)
+    assert "        out, y = accelerator.gather_for_metrics((out, y))\n        if wide:\n" in result.output
+    assert "ACC114" not in [f.code for f in result.findings]
+    assert_stable(result.output)
+
+
+def test_an_if_whose_test_reads_a_gathered_value_is_still_refused() -> None:
+    source = SCRIPT.replace("        total += mse.item()\n",
+                            "        if out.shape[0] == 8:\n            total += mse.item()\n")
+    result = convert(source)
+    assert result.output == source
+    assert "ACC114" in [f.code for f in result.findings]
+
+
+def test_outputs_made_in_an_if_or_else_are_gathered_with_the_labels() -> None:
+    """DINO: `if "vit" in args.arch: output = ... else: output = model(inp)`, then `output =
+    linear_classifier(output)`: the outputs come from the batch through the `if`. Before, they were not
+    seen to, and only the labels were gathered: every process's labels against its own outputs."""
+    source = SCRIPT.replace(
+        "        out = model(x)\n",
+        "        if vit:\n            feats = backbone.get_intermediate_layers(x)\n        else:\n"
+        "            feats = backbone(x)\n        out = model(feats)\n",
+    )
+    result = convert(source)
+    assert "        out, y = accelerator.gather_for_metrics((out, y))\n" in result.output, result.output
+    assert_stable(result.output)

@@ -173,6 +173,12 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     for position, (_, stmt) in enumerate(rows):
         assign = simple_assign(stmt)
         if assign is None:
+            if isinstance(stmt, (cst.If, cst.Try)):  # `if "vit" in args.arch: output = ... else: output = model(inp)`
+                for nested in findall(stmt, m.Assign()):
+                    if _reads(nested.value) & derived:  # type: ignore[attr-defined]
+                        for n in _targets(nested):  # type: ignore[arg-type]
+                            derived.add(n)
+                            defined_at.setdefault(n, position)
             continue
         targets = _targets(assign)
         if _reads(assign.value) & derived:
@@ -220,19 +226,35 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     needed = {n.value for s in later if _metric(s) for n in findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
     for s in reversed(later):
         inner = simple_assign(s)
-        if inner is not None and _targets(inner) & needed:
-            needed |= _reads(inner.value)
+        nested = [inner] if inner is not None else findall(s, m.Assign()) if isinstance(s, (cst.If, cst.Try)) else []
+        for assign in reversed(nested):  # `if wide: acc1, acc5 = accuracy(out, y, ...)`
+            if _targets(assign) & needed:  # type: ignore[arg-type]
+                needed |= _reads(assign.value)  # type: ignore[attr-defined]
     order = _first_use(later, derived)
     # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
     gathered = sorted((n for n in derived & needed if defined_at.get(n, len(rows)) < at),
                       key=lambda n: (defined_at[n] < call_at, order(n)))
     # Gathered values grow N-fold: code other than the metrics that reads them (`recon.view(batch_size, ...)`
     # to save a sample image) would get a batch of another shape.
-    for s in _outermost(later):
+    def feeds_metrics(s: cst.BaseStatement) -> bool:
+        """A metric, a print, a value a metric reads, or an ``if`` on something not gathered
+        (DINO's ``if linear_classifier.module.num_labels >= 5:``) around only those."""
         inner = simple_assign(s)
+        if isinstance(s, cst.If) and _reads(s.test) & set(gathered):
+            return False  # `if out.shape[0] == 8:`: gathered, it tests every process's rows
         if _metric(s) or (inner is not None and _targets(inner) & needed):
-            continue
+            return True
         if m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Name("print")))])):
+            return True
+        if isinstance(s, cst.If) and isinstance(s.body, cst.IndentedBlock):
+            branch = s.orelse.body if isinstance(s.orelse, cst.Else) else s.orelse
+            return all(feeds_metrics(x) for x in s.body.body) and (branch is None or (
+                feeds_metrics(branch) if isinstance(branch, cst.If) else isinstance(branch, cst.IndentedBlock)
+                and all(feeds_metrics(x) for x in branch.body)))
+        return False
+
+    for s in _outermost(later):
+        if feeds_metrics(s):
             continue
         used = sorted(_reads(s) & set(gathered))
         if used:
@@ -313,7 +335,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
             nodes.append(None)
             replace.update({id(n): new for n in found})
     if not names:
-        return None
+        return "they read values computed from the batch that accelify cannot trace to the model's outputs"
     return Gather(block, statement, names, values, replace, nodes)
 
 
