@@ -119,3 +119,9 @@ def test_an_optimizer_class_takes_the_closure():
 def test_a_step_that_takes_something_already_is_left():
     source = OPTIMIZER.replace("def step(self):\n        for", "def step(self, closure=None):\n        for")
     assert "closure=None, closure" not in convert(source, "train.py").output
+
+
+def test_an_optimizer_class_converted_again_changes_nothing():
+    out = convert(OPTIMIZER, "train.py").output
+    assert "def step(self, closure=None):" in out
+    assert convert(out, "train.py").output == out
