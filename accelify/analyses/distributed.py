@@ -42,6 +42,7 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.facts import Facts
+from accelify.analyses.gathers import Gather, find_gather
 from accelify.analyses.ranks import (
     GET_RANK,
     GET_WORLD_SIZE,
@@ -60,9 +61,9 @@ from accelify.analyses.ranks import (
     rank_source,
 )
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
-from accelify.queries.blocks import inside, statement_line
+from accelify.queries.blocks import enclosing_function, inside, statement_line
 from accelify.queries.devices import is_availability_check
-from accelify.queries.names import code_of, has_qname, qualified_names
+from accelify.queries.names import assigned_names, code_of, has_qname, qualified_names
 from accelify.queries.refs import Ref, ref_of
 from accelify.queries.walk import findall
 
@@ -666,10 +667,6 @@ def reductions(facts: Facts, plan: Plan) -> bool:
     False (ACC126).  Any other all-reduce (a training loss averaged for the log) becomes
     ``accelerator.reduce``.
     """
-    from accelify.analyses.gathers import Gather, find_gather
-    from accelify.queries.blocks import enclosing_function
-    from accelify.queries.names import assigned_names
-
     dist = plan.distributed
     if dist is None:
         return True
@@ -690,10 +687,7 @@ def reductions(facts: Facts, plan: Plan) -> bool:
         for loop in facts.loops:
             if not inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
                 continue
-            # `correct += ...`, and `counts[0] += ...` into a tensor of counts
-            counted = {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(  # type: ignore[attr-defined]
-                aug.target.value if isinstance(aug.target, cst.Subscript) else aug.target)}  # type: ignore[attr-defined]
-            if not counted & names:
+            if not _counted(loop) & names:
                 continue
             if gathers:
                 facts.finding(
@@ -722,15 +716,17 @@ def reductions(facts: Facts, plan: Plan) -> bool:
     return _reduced_by_helper(facts, plan)
 
 
+def _counted(loop: cst.For) -> set[str]:
+    """What a loop counts into: ``correct += ...``, and ``counts[0] += ...`` into a tensor of counts."""
+    return {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(  # type: ignore[attr-defined]
+        aug.target.value if isinstance(aug.target, cst.Subscript) else aug.target)}  # type: ignore[attr-defined]
+
+
 def _reduced_by_helper(facts: Facts, plan: Plan) -> bool:
     """False (ACC126) when the counts of an evaluation loop ACC011 gathers are then handed to a function of
     the file that all-reduces what it is given (WZMIAOMIAO's ``sum_num = reduce_value(sum_num, average=False)``):
     gathered, they are the whole set's on every process already, and the helper (kept: it also reduces
     other values, a loss for the log) would add them up once per process."""
-    from accelify.analyses.gathers import Gather, find_gather
-    from accelify.queries.blocks import enclosing_function
-    from accelify.queries.names import assigned_names
-
     reducing = {func.name.value for func in facts.functions.values() if any(
         has_qname(facts, c.func, ALL_REDUCE) and c.args and isinstance(c.args[0].value, cst.Name)
         and c.args[0].value.value in {p.name.value for p in func.params.params}
@@ -744,9 +740,7 @@ def _reduced_by_helper(facts: Facts, plan: Plan) -> bool:
         for loop in facts.loops:
             if not inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
                 continue
-            counted = {n for aug in findall(loop.body, m.AugAssign()) for n in assigned_names(  # type: ignore[attr-defined]
-                aug.target.value if isinstance(aug.target, cst.Subscript) else aug.target)}  # type: ignore[attr-defined]
-            if counted & handed and isinstance(find_gather(facts, loop, plan), Gather):
+            if _counted(loop) & handed and isinstance(find_gather(facts, loop, plan), Gather):
                 facts.finding(
                     plan, call, "ACC126", f"`{code_of(call)}` adds up over the processes the counts of an evaluation "
                     f"loop that are gathered (ACC011): gathered, they are the whole set's on every process, and "
