@@ -507,14 +507,8 @@ class RemovePlacement(AccelifyCodemod):
             add_target_import(self.context, "PartialState")
             accelerator = "PartialState()"
         if accelerator is None:
-            # left as it is, `.cuda()` puts every process's tensors on the first GPU while its prepared model is
-            # on its own: a device mismatch on every process but one (a CPU run cannot show it)
-            self.refuse(
-                original, "ACC109", "a placement in code that cannot reach the Accelerator: left as it is, every "
-                "process would put these tensors on the first GPU, while its model is on its own device. File not "
-                "converted.",
-                "pass the accelerator (or `accelerator.device`) to this function and place on `accelerator.device`.",
-            )
+            self.refuse(original, "ACC109", f"{_left_on(original)} File not converted.",
+                        "pass the accelerator (or `accelerator.device`) to this function and place on `accelerator.device`.")
             return call
         target = accelerator_attr(accelerator, "device")
         if func.attr.value == "cuda":
@@ -526,6 +520,27 @@ class RemovePlacement(AccelifyCodemod):
         return call.with_changes(
             args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
+
+
+def _left_on(call: cst.Call) -> str:
+    """What a placement accelify cannot rewrite would do, left as it is. A GPU index (``.cuda(0)``,
+    ``"cuda:0"``) is that GPU on every process, while each prepared model is on its own. Plain CUDA
+    (``.cuda()``, ``"cuda"``) is the current GPU, which Accelerate makes each process's own: right on GPUs,
+    but not ``accelerator.device`` where that is no GPU (``cpu=True``, MPS, a TPU)."""
+    code = cst.Module(body=[]).code_for_node(call.func)
+    indexed = [a for a in call.args if a.keyword is None or a.keyword.value == "device"]
+    value = indexed[0].value if indexed else None
+    text = string_value(value) if value is not None else None
+    if value is None or text == "cuda":
+        return (f"`{code}(...)` in code that cannot reach the Accelerator: left as it is, it places on CUDA (each "
+                "process's own GPU, which Accelerate makes the current one), not on `accelerator.device`: where that is "
+                "no GPU (`cpu=True`, MPS, a TPU) these tensors and the model would be apart.")
+    index = cst.Module(body=[]).code_for_node(value)
+    if isinstance(value, cst.Integer) or (text or "").startswith("cuda:"):
+        return (f"`{code}(...)` in code that cannot reach the Accelerator: left as it is, every process would put these "
+                f"tensors on `{index}`, while its prepared model is on its own device.")
+    return (f"`{code}(...)` in code that cannot reach the Accelerator: left as it is, it places these tensors on "
+            f"`{index}`, which accelify cannot tie to `accelerator.device` (where the prepared model is).")
 
 
 def _method_of_class(visitor: AccelifyCodemod, node: cst.CSTNode) -> bool:

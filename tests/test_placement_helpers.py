@@ -1,7 +1,8 @@
 """A helper of the script that places what it is handed (`def cuda(tensor, use_cuda): return tensor.cuda()
 if use_cuda else tensor`, BetaVAE's utils) takes the accelerator and places on `accelerator.device`:
-left as `.cuda()`, every process's batches would go to GPU 0 while its model is on its own GPU (a CPU
-run cannot show it; it was converted with ACC109, a report)."""
+left as `.cuda()`, the batches would go to CUDA whatever the launch (each process's own GPU, which
+Accelerate makes the current one), not to `accelerator.device`: apart from the model with `cpu=True`, on MPS
+or a TPU (a CPU run cannot show it; it was converted with ACC109, a report)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def test_a_placement_helper_places_on_the_accelerators_device() -> None:
 
 def test_a_placement_helper_that_cannot_be_handed_the_accelerator_is_refused() -> None:
     """`map(cuda, batch)`: the helper is passed around, not called, so it cannot take a new parameter; its
-    `.cuda()` left as it is would be wrong on every process but one: the file is left unchanged (ACC109)."""
+    `.cuda()` left as it is places on CUDA, not on `accelerator.device`: the file is left unchanged (ACC109), and
+    the finding says so. It said "the first GPU", which is false: Accelerate makes each process's own GPU the
+    current one, where a plain `.cuda()` goes."""
     source = SCRIPT.replace("def cuda(tensor, uses_cuda):\n    return tensor.cuda() if uses_cuda else tensor",
                             "def cuda(tensor):\n    return tensor.cuda()").replace(
         "    model = cuda(torch.nn.Linear(4, 2), use_cuda)", "    model = torch.nn.Linear(4, 2)").replace(
@@ -57,4 +60,16 @@ def test_a_placement_helper_that_cannot_be_handed_the_accelerator_is_refused() -
     result = convert_source(source, "train.py")
     assert result.output == source
     assert [f.code for f in result.findings] == ["ACC109"]
-    assert "the first GPU" in result.findings[0].message
+    message = result.findings[0].message
+    assert "first GPU" not in message and "places on CUDA (each process's own GPU" in message
+    assert "not on `accelerator.device`" in message
+
+
+def test_a_placement_on_one_gpu_index_says_that_gpu() -> None:
+    source = SCRIPT.replace("def cuda(tensor, uses_cuda):\n    return tensor.cuda() if uses_cuda else tensor",
+                            "def cuda(tensor):\n    return tensor.cuda(0)").replace(
+        "    model = cuda(torch.nn.Linear(4, 2), use_cuda)", "    model = torch.nn.Linear(4, 2)").replace(
+        "xb, yb = cuda(xb, use_cuda), cuda(yb, use_cuda)", "xb, yb = map(cuda, (xb, yb))")
+    result = convert_source(source, "train.py")
+    assert result.output == source
+    assert "every process would put these tensors on `0`" in result.findings[0].message

@@ -161,8 +161,8 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
     unwrapping = [n for n in findall(facts.module, m.Attribute()) if key_at(facts, n) != plan.setup
                   and model_attribute(facts, n, plan)]  # type: ignore[arg-type]
     # `input.cuda()` in a helper handed the prepared model (RepDistiller's `validate`, its loader not a
-    # DataLoader): left as it is, every process would move its batches to the first GPU while its model is
-    # on its own; it takes the accelerator and places on `accelerator.device`
+    # DataLoader): left as it is, it would move its batches to CUDA, not to `accelerator.device` (apart from the
+    # model with `cpu=True`, MPS, a TPU); it takes the accelerator and places on `accelerator.device`
     # So does a helper that places what it is handed (`def cuda(tensor, use_cuda): return tensor.cuda() ...`,
     # BetaVAE's): the batches it moves meet the prepared model on each process's device.
     handed = {key for key, _ in plan.flow["model"]}

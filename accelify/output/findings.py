@@ -29,9 +29,9 @@ FINDINGS: dict[str, str] = {
     "left as it is. The model or batches placed on a device chosen outside the function that trains (a "
     "module-level `device` used in `main()`) or handed in, or a `--device` option read inside a helper handed "
     "the whole namespace or parsed after the model is built: file left unchanged.",
-    "ACC109": "A placement (`.cuda()`, `.to(\"cuda\")`) in code that cannot reach the Accelerator (left as it is, "
-    "every process would put its tensors on the first GPU), or a `.module` of a model whose DataParallel wrapper "
-    "is removed, in such code: file left unchanged.",
+    "ACC109": "A placement (`.cuda()`, `.to(\"cuda:0\")`) in code that cannot reach the Accelerator (left as it is, "
+    "it places on CUDA, or on one GPU for every process, not on `accelerator.device`), or a `.module` of a model "
+    "whose DataParallel wrapper is removed, in such code: file left unchanged.",
     "ACC110": "Gradient clipping in code that cannot reach the Accelerator: file left unchanged (it would clip "
     "still-scaled gradients under mixed precision).",
     "ACC111": "A checkpoint of the whole training state saved with `torch.save`: saved once with `accelerator.save`, "
