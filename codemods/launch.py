@@ -7,10 +7,11 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from accelify.analyses.distributed import INIT, SPAWN
 from accelify.analyses.plan import Plan
+from accelify.queries.names import name_attribute, wrapper_qualified_names
 from accelify.queries.records import Finding
 from accelify.queries.walk import findall
 
@@ -212,11 +213,6 @@ def _candidate(module: cst.Module) -> bool:
                for node in findall(module, m.If()))
 
 
-def _attr(node: cst.CSTNode) -> Optional[tuple[str, str]]:
-    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
-        return node.value.value, node.attr.value
-    return None
-
 
 def _find_launch(wrapper: MetadataWrapper) -> Optional[_Launch]:
     module = wrapper.module
@@ -238,7 +234,7 @@ def _find_launch(wrapper: MetadataWrapper) -> Optional[_Launch]:
         other[0], m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name(worker.value)))])
     ):
         return None
-    flag = _attr(statement.test)
+    flag = name_attribute(statement.test)
     if flag is None:
         return None
     launch = _Launch(statement, flag[0], {flag[1]})
@@ -259,19 +255,19 @@ def _find_launch(wrapper: MetadataWrapper) -> Optional[_Launch]:
             if m.matches(value.value, m.Name()) and m.matches(nprocs, m.Name(value.value.value)):  # type: ignore[attr-defined]
                 launch.nprocs_params.add(param.name.value)
     for assign in findall(module, m.Assign()):
-        target = _attr(assign.targets[0].target) if len(assign.targets) == 1 else None
+        target = name_attribute(assign.targets[0].target) if len(assign.targets) == 1 else None
         if target is None or target[0] != launch.args:
             continue
-        if any(_attr(a) == (launch.args, flag[1]) for a in findall(assign.value, m.Attribute())):
+        if any(name_attribute(a) == (launch.args, flag[1]) for a in findall(assign.value, m.Attribute())):
             launch.flags.add(target[1])  # args.distributed = args.world_size > 1 or args.multiprocessing_distributed
         if m.matches(assign.value, m.Name(rank)) and any(assign is a for a in findall(func, m.Assign())):
             launch.gpu = target[1]  # args.gpu = gpu
     for init in findall(module, m.Call()):
-        if not _qualified(wrapper, init.func) & INIT:
+        if not wrapper_qualified_names(wrapper, init.func) & INIT:
             continue
         launch.inits.add(id(init))
         for arg in init.args:
-            named = _attr(arg.value)
+            named = name_attribute(arg.value)
             if arg.keyword is not None and arg.keyword.value in _SETUP_KEYWORDS and named and named[0] == launch.args:
                 launch.setup_attrs.add(named[1])
                 launch.setup_keywords[named[1]] = arg.keyword.value
@@ -285,13 +281,9 @@ def _find_launch(wrapper: MetadataWrapper) -> Optional[_Launch]:
     return launch
 
 
-def _qualified(wrapper: MetadataWrapper, node: cst.CSTNode) -> set[str]:
-    value = wrapper.resolve(QualifiedNameProvider).get(node, set())
-    return {q.name for q in (value() if callable(value) else value)}
-
 
 def _spawns(wrapper: MetadataWrapper, call: cst.Call) -> bool:
-    return bool(_qualified(wrapper, call.func) & SPAWN)
+    return bool(wrapper_qualified_names(wrapper, call.func) & SPAWN)
 
 
 class _Fold(cst.CSTTransformer):
@@ -348,7 +340,7 @@ class _Fold(cst.CSTTransformer):
         self._stores.add(id(node.target))
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-        named = _attr(original_node)
+        named = name_attribute(original_node)
         if named is None or named[0] != self.launch.args or id(original_node) in self._stores:
             return updated_node
         if named[1] in self.launch.flags:
@@ -366,7 +358,7 @@ class _Fold(cst.CSTTransformer):
         local = self._local_rank_zero(original_node)
         if local is not None:
             return local
-        named = _attr(original_node.left)
+        named = name_attribute(original_node.left)
         if named is None or named != (self.launch.args, self.launch.gpu) or len(original_node.comparisons) != 1:
             return updated_node
         if not self._functions or self._functions[0] == self.launch.launcher:
@@ -393,7 +385,7 @@ class _Fold(cst.CSTTransformer):
             comparisons=[m.ComparisonTarget(operator=m.Equal(), comparator=m.Integer("0"))],
         )):
             return None
-        if _attr(node.left.left) != (launch.args, launch.rank_attr):  # type: ignore[attr-defined]
+        if name_attribute(node.left.left) != (launch.args, launch.rank_attr):  # type: ignore[attr-defined]
             return None
         return node.with_changes(left=cst.Name(launch.rank_param))
 
@@ -476,7 +468,7 @@ class _Fold(cst.CSTTransformer):
         if not isinstance(small, (cst.Assign, cst.AugAssign)):
             return False
         targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-        names = [_attr(t) for t in targets]
+        names = [name_attribute(t) for t in targets]
         gone = self.launch.setup_attrs | self.launch.flags
         return all(n is not None and n[0] == self.launch.args and n[1] in gone for n in names)
 
@@ -488,5 +480,5 @@ def _has_call(node: cst.CSTNode) -> bool:
 def _reads_any(module: cst.Module, launch: _Launch, allowed: dict[int, cst.Attribute]) -> bool:
     """Reads of the flags or the set-up attributes left (outside ``init_process_group``): undecided."""
     attrs = launch.flags | launch.setup_attrs
-    return any(_attr(n) in {(launch.args, a) for a in attrs} and id(n) not in allowed
+    return any(name_attribute(n) in {(launch.args, a) for a in attrs} and id(n) not in allowed
                for n in findall(module, m.Attribute()))

@@ -7,10 +7,11 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from accelify.analyses.distributed import BARRIER, INIT, SET_DEVICE
 from accelify.analyses.plan import Plan
+from accelify.queries.names import wrapper_qualified_names
 from accelify.queries.records import Finding
 from accelify.queries.walk import findall
 
@@ -140,10 +141,6 @@ class _Found:
     name: str
 
 
-def _qualified(wrapper: MetadataWrapper, node: cst.CSTNode) -> set[str]:
-    value = wrapper.resolve(QualifiedNameProvider).get(node, set())
-    return {q.name for q in (value() if callable(value) else value)}
-
 
 def _launcher_test(test: cst.BaseExpression) -> bool:
     """``"RANK" in os.environ and "WORLD_SIZE" in os.environ`` (each side a launcher variable)."""
@@ -163,7 +160,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
     module = wrapper.module
     parents = wrapper.resolve(ParentNodeProvider)
     helpers = [f for f in module.body if isinstance(f, cst.FunctionDef)
-               and any(_qualified(wrapper, c.func) & INIT for c in findall(f, m.Call()))]
+               and any(wrapper_qualified_names(wrapper, c.func) & INIT for c in findall(f, m.Call()))]
     if len(helpers) != 1:
         return None
     helper = helpers[0]
@@ -209,7 +206,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
             return None
         if kept:
             rest.append(statement)
-    if not any(_qualified(wrapper, c.func) & INIT for s in rest for c in findall(s, m.Call())):
+    if not any(wrapper_qualified_names(wrapper, c.func) & INIT for s in rest for c in findall(s, m.Call())):
         return None  # the process group is set up in a branch
     gpu = _local_rank_attr(launched, param)
     statements = [s for s in launched if gpu is None or not _binds(s, param, gpu)]
@@ -242,7 +239,7 @@ def _kept(wrapper: MetadataWrapper, statement: cst.SimpleStatementLine, param: s
         return None
     small = statement.body[0]
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-        names = _qualified(wrapper, small.value.func)
+        names = wrapper_qualified_names(wrapper, small.value.func)
         if names & (SET_DEVICE | BARRIER) or names & {"builtins.print"}:
             return False
         return True  # init_process_group, `setup_for_distributed(args.rank == 0)`
@@ -293,7 +290,7 @@ def _gpu_reads_go(wrapper: MetadataWrapper, parents, param: str, argument: str, 
             keyword = arg.keyword.value if arg.keyword is not None else None
             if isinstance(call, cst.Call) and (
                 (keyword in ("device_ids", "output_device") and "DistributedDataParallel" in cst.Module([]).code_for_node(call.func))
-                or _qualified(wrapper, call.func) & SET_DEVICE
+                or wrapper_qualified_names(wrapper, call.func) & SET_DEVICE
                 or (m.matches(call.func, m.Attribute(attr=m.Name("cuda"))) and len(call.args) == 1)
             ):
                 continue

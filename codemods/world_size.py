@@ -7,10 +7,11 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from accelify.analyses.distributed import INIT, SPAWN
 from accelify.analyses.plan import Plan
+from accelify.queries.names import name_attribute, wrapper_qualified_names
 from accelify.queries.records import Finding
 from accelify.queries.walk import findall
 
@@ -150,15 +151,6 @@ def _candidate(module: cst.Module) -> bool:
     )))
 
 
-def _qualified(wrapper: MetadataWrapper, node: cst.CSTNode) -> set[str]:
-    value = wrapper.resolve(QualifiedNameProvider).get(node, set())
-    return {q.name for q in (value() if callable(value) else value)}
-
-
-def _attr(node: cst.CSTNode) -> Optional[tuple[str, str]]:
-    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
-        return node.value.value, node.attr.value
-    return None
 
 
 def _dist_spelling(module: cst.Module) -> Optional[str]:
@@ -184,7 +176,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
     parents = wrapper.resolve(ParentNodeProvider)
     positions = wrapper.resolve(PositionProvider)
     spelled = _dist_spelling(module)
-    inits = [c for c in findall(module, m.Call()) if _qualified(wrapper, c.func) & INIT]
+    inits = [c for c in findall(module, m.Call()) if wrapper_qualified_names(wrapper, c.func) & INIT]
     if spelled is None or not inits:
         return None
 
@@ -211,7 +203,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
         for arg in init.args:
             if arg.keyword is None or arg.keyword.value not in _QUERIES:
                 continue
-            named, keyword = _attr(arg.value), arg.keyword.value
+            named, keyword = name_attribute(arg.value), arg.keyword.value
             function = function_of(init)
             if isinstance(arg.value, cst.Name) and function is not None:
                 if arg.value.value in {p.name.value for p in function.params.params}:
@@ -232,7 +224,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
 
     def counted(node: cst.CSTNode) -> Optional[str]:
         """The keyword the value ``node`` names was handed as, or None."""
-        if isinstance(node, cst.Attribute) and _attr(node) is not None and _attr(node)[0] == args_name:
+        if isinstance(node, cst.Attribute) and name_attribute(node) is not None and name_attribute(node)[0] == args_name:
             return attrs.get(node.attr.value)
         if isinstance(node, cst.Name):
             function = function_of(node)
@@ -240,7 +232,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
         return None
 
     init_ids = {id(c) for c in inits}
-    spawning = {id(f) for f in (function_of(c) for c in findall(module, m.Call()) if _qualified(wrapper, c.func) & SPAWN)
+    spawning = {id(f) for f in (function_of(c) for c in findall(module, m.Call()) if wrapper_qualified_names(wrapper, c.func) & SPAWN)
                 if f is not None}
     init_lines: dict[int, int] = {}  # function -> line of its first init_process_group
     for init in inits:
@@ -287,7 +279,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
 
 def _pure(wrapper: MetadataWrapper, value: cst.BaseExpression) -> bool:
     for call in findall(value, m.Call()):
-        names = {n.removeprefix("builtins.") for n in _qualified(wrapper, call.func)}
+        names = {n.removeprefix("builtins.") for n in wrapper_qualified_names(wrapper, call.func)}
         if not names & _PURE_CALLS:
             return False
     return True

@@ -8,7 +8,7 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
 from accelify.queries.walk import findall
 
@@ -27,6 +27,20 @@ ACCELERATOR_CLASS = frozenset(
 
 def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> set[str]:
     return {q.name for q in visitor.get_metadata(QualifiedNameProvider, node, set())}
+
+
+def wrapper_qualified_names(wrapper: MetadataWrapper, node: cst.CSTNode) -> set[str]:
+    """``qualified_names`` asked of a ``MetadataWrapper`` (the conversions that run before the analysis
+    hold one, not a visitor); LibCST's lazy values resolved."""
+    value = wrapper.resolve(QualifiedNameProvider).get(node, set())
+    return {q.name for q in (value() if callable(value) else value)}
+
+
+def name_attribute(node: cst.CSTNode) -> Optional[tuple[str, str]]:
+    """``args.world_size`` -> (``args``, ``world_size``): an attribute of a plain name; None for anything else."""
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+        return node.value.value, node.attr.value
+    return None
 
 
 def has_qname(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozenset[str]) -> bool:
