@@ -407,3 +407,13 @@ def test_a_rank_modulo_anything_else_is_no_rank_and_the_refusal_says_where_the_d
     assert result.output == source
     finding = next(f for f in result.findings if f.code == "ACC121")
     assert "places nothing" not in finding.message and "places it on `device_id`" in finding.message
+
+
+def test_a_hand_made_input_of_the_ddp_model_is_placed_in_a_script_that_places_on_a_device_too():
+    """The same input where the script's device is one accelify knows (`torch.device("cuda", local_rank)`): the
+    script places things itself, and the tensor it hands the model still reached the GPU only through DDP."""
+    source = ELASTIC.replace("    device_id = rank % torch.cuda.device_count()\n",
+                             "    local_rank = int(os.environ[\"LOCAL_RANK\"])\n"
+                             "    device_id = torch.device(\"cuda\", local_rank)\n").replace("import torch\n", "import os\nimport torch\n", 1)
+    out = convert(source).output
+    assert "outputs = ddp_model(torch.randn(20, 10).to(accelerator.device))\n" in out
