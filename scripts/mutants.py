@@ -537,6 +537,42 @@ MUTANTS = [
         "        if True:\n            continue",
         tests=("tests/test_checks.py", "tests/test_e2e_verify.py"),
     ),
+    Mutant(
+        "helper-reduces-gathered", "gathered counts all-reduced again by a helper: counted once per process",
+        "accelify/analyses/distributed.py",
+        "    return _reduced_by_helper(facts, plan)\n", "    return True\n",
+        tests=("tests/test_research_ddp.py",),
+    ),
+    Mutant(
+        "outputs-in-if-not-followed", "outputs made in an if/else not gathered: labels of all processes, outputs of one",
+        "accelify/analyses/gathers.py",
+        "            if isinstance(stmt, (cst.If, cst.Try)):", "            if False:",
+        tests=("tests/test_gather.py",),
+    ),
+    Mutant(
+        "if-on-gathered-taken", "a metric under an if that tests a gathered value converted",
+        "accelify/analyses/gathers.py",
+        "            return False  # `if out.shape[0] == 8:`", "            pass  # `if out.shape[0] == 8:`",
+        tests=("tests/test_gather.py",),
+    ),
+    Mutant(
+        "ddp-inputs-left-on-host", "a hand-made input DDP moved stays on the host beside the prepared model",
+        "codemods/host_inputs.py",
+        "        ddp_moved = self.plan.distributed is not None and any(", "        ddp_moved = False and any(",
+        tests=("tests/test_research_ddp.py",),
+    ),
+    Mutant(
+        "broadcast-refused", "dist.broadcast in a model refused (MoCo's batch shuffle)",
+        "accelify/analyses/distributed.py",
+        "        return _broadcast(dist, call, statement)\n", "        return call, 'broadcast', ''\n",
+        tests=("tests/test_research_ddp.py",),
+    ),
+    Mutant(
+        "acc109-first-gpu", "ACC109 claims the first GPU for a plain .cuda()",
+        "codemods/placement.py",
+        "    if value is None or text == \"cuda\":", "    if False:",
+        tests=("tests/test_placement_helpers.py",),
+    ),
 ]
 
 
