@@ -302,6 +302,42 @@ if __name__ == "__main__":
     assert finding.suggestion.startswith("remove `evaluate_only` if it is unused, or prepare")
 
 
+def test_a_finding_names_the_first_of_several_call_sites_every_time() -> None:
+    """ProtoNet calls `test` with the prepared loader twice in `main`: the finding named line 226 in one run
+    and line 232 in the next (LibCST holds a name's references in a set). It names the first, always."""
+    source = HEAD + """
+
+def test(loader, model, device):
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            correct += (model(x).argmax(1) == y).sum().item()
+    print("accuracy", correct / len(loader.dataset))
+
+
+def evaluate_only(model, device):
+    data = torch.randn(16, 4)
+    test(DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4), model, device)
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
+""" + MODEL + LOOP + """    test(loader, model, device)
+    test(loader, model, device)
+    test(loader, model, device)
+
+
+if __name__ == "__main__":
+    main()
+"""
+    first = source.splitlines().index("    test(loader, model, device)") + 1
+    messages = {convert_source(source, "train.py").findings[0].message for _ in range(12)}
+    assert len(messages) == 1 and f"in `main` (line {first})" in messages.pop()
+
+
 @pytest.mark.parametrize("shape, why", [
     # pyGAT (Gordić): the backward in a closure a factory returns
     ("""

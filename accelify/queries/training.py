@@ -11,7 +11,7 @@ from libcst.metadata import ScopeProvider
 
 from accelify.queries.blocks import Body, binds, child_blocks
 from accelify.queries.names import param_names, root_name
-from accelify.queries.walk import findall
+from accelify.queries.walk import findall, in_source_order
 
 
 def direct_calls(visitor: cst.MetadataDependent, scope_of: cst.CSTNode, name: str,
@@ -34,7 +34,7 @@ def direct_calls(visitor: cst.MetadataDependent, scope_of: cst.CSTNode, name: st
             if not isinstance(call, cst.Call) or call.func is not access.node:
                 return []
             calls.append(call)
-    return calls
+    return in_source_order(calls)  # the references are a set
 
 
 def setup_blocks(root: Union[cst.Module, cst.FunctionDef]) -> Iterator[Body]:

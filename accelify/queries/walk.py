@@ -104,6 +104,16 @@ def _types(matcher: object) -> Optional[Sequence[type]]:
     return None
 
 
+def in_source_order(nodes: Sequence[cst.CSTNode]) -> list[cst.CSTNode]:
+    """``nodes`` in the order they are written (pre-order of the active index), for what LibCST hands out
+    as a set (a name's references): a report must not name one or another of them from run to run. As given
+    where no index holds them."""
+    index = _ACTIVE
+    if index is None or not all(index.holds(n) for n in nodes):
+        return list(nodes)
+    return sorted(nodes, key=lambda n: index.start[id(n)])
+
+
 def findall(tree: cst.CSTNode, matcher: object) -> Sequence[cst.CSTNode]:
     """``libcst.matchers.findall(tree, matcher)``, in the same (pre-)order."""
     index = _ACTIVE
