@@ -138,6 +138,11 @@ class AccelifyCodemod(cst.CSTTransformer):
         """``name`` is read or bound nowhere in the file: an import of it would clash with nothing
         (``from functools import reduce`` would). An attribute's name (``dist.broadcast``) or a keyword
         (``f(reduce=...)``) clashes with nothing."""
+        if name not in self.shared.free:  # asked once per file: the original tree does not change
+            self.shared.free[name] = self._binds_or_reads_nowhere(name)
+        return self.shared.free[name]
+
+    def _binds_or_reads_nowhere(self, name: str) -> bool:
         for node in findall(self.shared.module, m.Name(name)):
             parent = self.get_metadata(ParentNodeProvider, node, None)
             if not ((isinstance(parent, cst.Attribute) and parent.attr is node)
@@ -508,6 +513,7 @@ class Shared:
         self.removed: set[int] = set()  # original statements that go
         self.marked: dict[int, cst.CSTNode] = {}  # nodes handed to remove() (held: ids stay unique)
         self.replaced: set[int] = set()  # original statements a codemod replaced with new code
+        self.free: dict[str, bool] = {}  # names read or bound nowhere in the file (AccelifyCodemod.name_free)
         self.emptied: dict[int, cst.CSTNode] = {}  # blocks left with a `pass` only
         self.results: dict[int, list[cst.BaseStatement]] = {}  # original statement -> what it became
         self.origin: dict[int, cst.BaseStatement] = {}  # id(statement of the new tree) -> original

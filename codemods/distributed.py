@@ -9,7 +9,7 @@ import libcst.matchers as m
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
 from accelify.analyses.device_kinds import per_process_device
-from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, reduce_op, spawn_arguments
+from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, blocking, reduce_op, spawn_arguments
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
@@ -185,9 +185,7 @@ class Distributed(AccelifyCodemod):
         method, so accelerate's function, wherever it is (MoCo's batch shuffle, in the model)."""
         if not self.name_free("broadcast"):
             return self._unreachable(original, updated)  # type: ignore[return-value]
-        call = updated.body[0].value  # type: ignore[attr-defined]
-        arguments = [a for a in call.args if a.keyword is None or a.keyword.value != "async_op"]
-        tensor, source = (cst.Module(body=[]).code_for_node(a.value) for a in arguments)
+        tensor, source = (cst.Module(body=[]).code_for_node(a.value) for a in blocking(updated.body[0].value))  # type: ignore[attr-defined]
         add_target_import(self.context, "broadcast")
         return self._rewrite(original, updated, f"{tensor} = broadcast({tensor}, from_process={source})",
                              f"`broadcast({tensor}, ...)` -> `{tensor} = broadcast({tensor}, ...)` (accelerate.utils)")

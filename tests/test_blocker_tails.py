@@ -265,10 +265,10 @@ def test_a_batch_taken_to_numpy_before_the_script_places_it_is_moved_to_the_host
     assert_stable(result.output)
 
 
-def test_a_function_handed_a_prepared_loader_and_a_plain_one_is_refused() -> None:
-    """ProtoNet: `test(opt, test_dataloader, model)` from `main` (prepared) and from `eval` (not): `test` was
-    left as it was, and counted one shard's accuracy on every process, with no finding."""
-    source = HEAD + """
+def _handed_test(calls: int) -> str:
+    """ProtoNet's shape: `test` handed the prepared loader `calls` times in `main`, and a plain one in
+    `evaluate_only`, which nothing calls."""
+    return HEAD + """
 
 def test(loader, model, device):
     correct = 0
@@ -288,12 +288,17 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = torch.randn(32, 4)
     loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
-""" + MODEL + LOOP + """    test(loader, model, device)
-
+""" + MODEL + LOOP + "    test(loader, model, device)\n" * calls + """
 
 if __name__ == "__main__":
     main()
 """
+
+
+def test_a_function_handed_a_prepared_loader_and_a_plain_one_is_refused() -> None:
+    """ProtoNet: `test(opt, test_dataloader, model)` from `main` (prepared) and from `eval` (not): `test` was
+    left as it was, and counted one shard's accuracy on every process, with no finding."""
+    source = _handed_test(1)
     result = convert_source(source, "train.py")
     assert not result.changed
     [finding] = result.findings
@@ -305,34 +310,7 @@ if __name__ == "__main__":
 def test_a_finding_names_the_first_of_several_call_sites_every_time() -> None:
     """ProtoNet calls `test` with the prepared loader twice in `main`: the finding named line 226 in one run
     and line 232 in the next (LibCST holds a name's references in a set). It names the first, always."""
-    source = HEAD + """
-
-def test(loader, model, device):
-    correct = 0
-    with torch.no_grad():
-        for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            correct += (model(x).argmax(1) == y).sum().item()
-    print("accuracy", correct / len(loader.dataset))
-
-
-def evaluate_only(model, device):
-    data = torch.randn(16, 4)
-    test(DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4), model, device)
-
-
-def main():
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data = torch.randn(32, 4)
-    loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
-""" + MODEL + LOOP + """    test(loader, model, device)
-    test(loader, model, device)
-    test(loader, model, device)
-
-
-if __name__ == "__main__":
-    main()
-"""
+    source = _handed_test(3)
     first = source.splitlines().index("    test(loader, model, device)") + 1
     messages = {convert_source(source, "train.py").findings[0].message for _ in range(12)}
     assert len(messages) == 1 and f"in `main` (line {first})" in messages.pop()

@@ -48,15 +48,20 @@ def test_a_placement_helper_places_on_the_accelerators_device() -> None:
     assert convert_source(result.output, "train.py").output == result.output
 
 
+def _passed_around(placement: str) -> str:
+    """SCRIPT with its helper `def cuda(tensor): return <placement>` handed to `map`, not called."""
+    return SCRIPT.replace("def cuda(tensor, uses_cuda):\n    return tensor.cuda() if uses_cuda else tensor",
+                          f"def cuda(tensor):\n    return {placement}").replace(
+        "    model = cuda(torch.nn.Linear(4, 2), use_cuda)", "    model = torch.nn.Linear(4, 2)").replace(
+        "xb, yb = cuda(xb, use_cuda), cuda(yb, use_cuda)", "xb, yb = map(cuda, (xb, yb))")
+
+
 def test_a_placement_helper_that_cannot_be_handed_the_accelerator_is_refused() -> None:
     """`map(cuda, batch)`: the helper is passed around, not called, so it cannot take a new parameter; its
     `.cuda()` left as it is places on CUDA, not on `accelerator.device`: the file is left unchanged (ACC109), and
     the finding says so. It said "the first GPU", which is false: Accelerate makes each process's own GPU the
     current one, where a plain `.cuda()` goes."""
-    source = SCRIPT.replace("def cuda(tensor, uses_cuda):\n    return tensor.cuda() if uses_cuda else tensor",
-                            "def cuda(tensor):\n    return tensor.cuda()").replace(
-        "    model = cuda(torch.nn.Linear(4, 2), use_cuda)", "    model = torch.nn.Linear(4, 2)").replace(
-        "xb, yb = cuda(xb, use_cuda), cuda(yb, use_cuda)", "xb, yb = map(cuda, (xb, yb))")
+    source = _passed_around("tensor.cuda()")
     result = convert_source(source, "train.py")
     assert result.output == source
     assert [f.code for f in result.findings] == ["ACC109"]
@@ -66,10 +71,7 @@ def test_a_placement_helper_that_cannot_be_handed_the_accelerator_is_refused() -
 
 
 def test_a_placement_on_one_gpu_index_says_that_gpu() -> None:
-    source = SCRIPT.replace("def cuda(tensor, uses_cuda):\n    return tensor.cuda() if uses_cuda else tensor",
-                            "def cuda(tensor):\n    return tensor.cuda(0)").replace(
-        "    model = cuda(torch.nn.Linear(4, 2), use_cuda)", "    model = torch.nn.Linear(4, 2)").replace(
-        "xb, yb = cuda(xb, use_cuda), cuda(yb, use_cuda)", "xb, yb = map(cuda, (xb, yb))")
+    source = _passed_around("tensor.cuda(0)")
     result = convert_source(source, "train.py")
     assert result.output == source
     assert "every process would put these tensors on `0`" in result.findings[0].message

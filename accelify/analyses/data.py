@@ -131,16 +131,19 @@ def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     return True
 
 
-def _placed_on_a_name(facts: Facts) -> Optional[cst.Call]:
-    """The first ``x.to(d)`` with ``d`` a name or an attribute (no dtype of torch): a placement on a device
-    accelify does not know (what it knows is in ``plan.devices``), so not "nothing placed"."""
+def _placements(facts: Facts) -> Iterator[tuple[cst.Call, cst.Arg]]:
+    """Every ``x.to(...)`` of the file with an argument: the call and its first argument."""
     for call in facts.calls:
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "to" and call.args and (
-            call.args[0].keyword is None and isinstance(call.args[0].value, (cst.Name, cst.Attribute))
-            and not any(n.startswith("torch.") for n in qualified_names(facts, call.args[0].value))
-        ):
-            return call
-    return None
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "to" and call.args:
+            yield call, call.args[0]
+
+
+def _placed_on_a_name(facts: Facts) -> Optional[cst.Call]:
+    """The first ``x.to(d)`` with ``d`` a name or an attribute given by position (no dtype of torch): a placement
+    on a device accelify does not know (what it knows is in ``plan.devices``), so not "nothing placed"."""
+    return next((call for call, first in _placements(facts) if first.keyword is None
+                 and isinstance(first.value, (cst.Name, cst.Attribute))
+                 and not any(n.startswith("torch.") for n in qualified_names(facts, first.value))), None)
 
 
 def _placed_on_a_rank(facts: Facts, plan: Plan) -> bool:
@@ -150,8 +153,7 @@ def _placed_on_a_rank(facts: Facts, plan: Plan) -> bool:
     if dist is None:
         return False
     ranks = set(dist.ranks) | set(dist.passed)
-    return any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "to" and c.args
-               and ref_of(facts, c.args[0].value) in ranks for c in facts.calls)
+    return any(ref_of(facts, first.value) in ranks for _, first in _placements(facts))
 
 
 #: what a function or class that trains is called

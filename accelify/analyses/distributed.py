@@ -151,9 +151,9 @@ class Distributed:
     batch_samplers: dict[Ref, tuple[str, cst.BaseExpression, cst.BaseExpression]] = field(default_factory=dict)
     #: ids of all-reduce statements that go because the counts they add up are gathered (ACC011)
     gathered: set[int] = field(default_factory=set)
-    #: ``dist.all_gather(parts, t)`` statements -> (``parts``, ``t``): ``parts = list(accelerator.gather(t[None]))``
+    #: ids of ``dist.all_gather(parts, t)`` statements: ``parts = list(accelerator.gather(t[None]))``
     #: (the list built for it beforehand goes, in ``remove``)
-    all_gathers: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = field(default_factory=dict)
+    all_gathers: set[int] = field(default_factory=set)
     #: names given a rank in a script's launched branch and their one-process value in the other
     #: (``ddp_world_size = int(os.environ["WORLD_SIZE"])`` / ``ddp_world_size = 1``): kept, the
     #: first assignment's value becomes the Accelerator's (ids of those assignments -> attribute)
@@ -187,8 +187,8 @@ class Distributed:
     #: where the Accelerator cannot be reached (a model's method), the assignment stays, asking
     #: ``PartialState()``, and its reads stay as they are
     queries: dict[Ref, int] = field(default_factory=dict)
-    #: ``dist.broadcast(t, src)`` statements -> (``t``, ``src``): ``t = broadcast(t, from_process=src)``
-    broadcasts: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = field(default_factory=dict)
+    #: ids of ``dist.broadcast(t, src)`` statements: ``t = broadcast(t, from_process=src)``
+    broadcasts: set[int] = field(default_factory=set)
 
 
 def decide(facts: Facts, plan: Plan) -> bool:
@@ -511,11 +511,10 @@ def _all_gather(facts: Facts, dist: Distributed, call: cst.Call,
     ``parts = list(accelerator.gather(t[None]))``, the same list (rank order, one tensor each, as in
     one process), the list built beforehand gone."""
     usage = "build the list with `parts = list(accelerator.gather(t[None]))` (one tensor per process, in rank order)"
-    blocking = [a for a in call.args[2:] if a.keyword is not None and a.keyword.value == "async_op"
-                and code_of(a.value) == "False"]  # MoCo v3: `async_op=False`, what all_gather does anyway
-    if statement is None or len(call.args) != 2 + len(blocking) or any(a.keyword is not None for a in call.args[:2]):
+    # MoCo v3: `async_op=False`, what all_gather does anyway
+    if statement is None or len(blocking(call)) != 2 or any(a.keyword is not None for a in call.args[:2]):
         return call, f"`{code_of(call)}` is not `all_gather(parts, tensor)` as a statement", usage
-    parts, tensor = call.args[0].value, call.args[1].value
+    parts = call.args[0].value
     ref = ref_of(facts, parts)
     assigns = facts.assigns.get(ref, []) if ref is not None else []
     if not isinstance(parts, cst.Name) or len(assigns) != 1 or not isinstance(assigns[0].value, (cst.ListComp, cst.BinaryOperation)):
@@ -533,8 +532,14 @@ def _all_gather(facts: Facts, dist: Distributed, call: cst.Call,
         if ref_of(facts, node) == ref and facts.line(init) < facts.line(node) < gather_line and node is not parts:
             return node, f"`{code_of(parts)}` is read before the all_gather fills it", usage
     dist.remove.add(id(init))
-    dist.all_gathers[id(statement)] = (parts, tensor)
+    dist.all_gathers.add(id(statement))
     return None
+
+
+def blocking(call: cst.Call) -> list[cst.Arg]:
+    """The arguments of a collective but ``async_op=False``, what it does anyway."""
+    return [a for a in call.args if not (a.keyword is not None and a.keyword.value == "async_op"
+                                         and code_of(a.value) == "False")]
 
 
 def _broadcast(dist: Distributed, call: cst.Call, statement: Optional[cst.SimpleStatementLine]) -> Optional[Why]:
@@ -542,13 +547,12 @@ def _broadcast(dist: Distributed, call: cst.Call, statement: Optional[cst.Simple
     attribute: ``t = broadcast(t, from_process=0)``, accelerate's function, which broadcasts in place on
     the process group Accelerate set up (and returns the tensor as it is in one process)."""
     usage = "use `t = broadcast(t, from_process=0)` (accelerate.utils)"
-    arguments = [a for a in call.args if not (a.keyword is not None and a.keyword.value == "async_op"
-                                              and code_of(a.value) == "False")]
+    arguments = blocking(call)
     if statement is None or len(arguments) != 2 or arguments[0].keyword is not None or not isinstance(
         arguments[0].value, (cst.Name, cst.Attribute)
     ) or (arguments[1].keyword is not None and arguments[1].keyword.value != "src"):
         return call, f"`{code_of(call)}` is not `broadcast(tensor, src)` of a named tensor, as a statement", usage
-    dist.broadcasts[id(statement)] = (arguments[0].value, arguments[1].value)
+    dist.broadcasts.add(id(statement))
     return None
 
 

@@ -147,6 +147,11 @@ def _targets(assign: cst.Assign) -> set[str]:
     return {n for t in assign.targets for n in assigned_names(t.target)}
 
 
+def _branch_assigns(stmt: cst.BaseStatement) -> list[cst.Assign]:
+    """The assignments inside an ``if``/``else`` or ``try`` of the loop body, whose values the loop computes too."""
+    return list(findall(stmt, m.Assign())) if isinstance(stmt, (cst.If, cst.Try)) else []  # type: ignore[arg-type]
+
+
 def _reads(stmt: cst.CSTNode) -> set[str]:
     return {n.value for n in findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
@@ -173,12 +178,11 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     for position, (_, stmt) in enumerate(rows):
         assign = simple_assign(stmt)
         if assign is None:
-            if isinstance(stmt, (cst.If, cst.Try)):  # `if "vit" in args.arch: output = ... else: output = model(inp)`
-                for nested in findall(stmt, m.Assign()):
-                    if _reads(nested.value) & derived:  # type: ignore[attr-defined]
-                        for n in _targets(nested):  # type: ignore[arg-type]
-                            derived.add(n)
-                            defined_at.setdefault(n, position)
+            for nested in _branch_assigns(stmt):  # `if "vit" in args.arch: output = ... else: output = model(inp)`
+                if _reads(nested.value) & derived:
+                    for n in _targets(nested):
+                        derived.add(n)
+                        defined_at.setdefault(n, position)
             continue
         targets = _targets(assign)
         if _reads(assign.value) & derived:
@@ -226,10 +230,9 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     needed = {n.value for s in later if _metric(s) for n in findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
     for s in reversed(later):
         inner = simple_assign(s)
-        nested = [inner] if inner is not None else findall(s, m.Assign()) if isinstance(s, (cst.If, cst.Try)) else []
-        for assign in reversed(nested):  # `if wide: acc1, acc5 = accuracy(out, y, ...)`
-            if _targets(assign) & needed:  # type: ignore[arg-type]
-                needed |= _reads(assign.value)  # type: ignore[attr-defined]
+        for assign in reversed([inner] if inner is not None else _branch_assigns(s)):  # `if wide: acc1, acc5 = ...`
+            if _targets(assign) & needed:
+                needed |= _reads(assign.value)
     order = _first_use(later, derived)
     # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
     gathered = sorted((n for n in derived & needed if defined_at.get(n, len(rows)) < at),
