@@ -37,6 +37,9 @@ CASES = {
     # the torchvision references' `init_distributed_mode(args)` (ACC030) and VICReg's gathering autograd
     # function (accelerate.utils' gather/reduce, PartialState): the batch of all the processes, divided
     "ddp_setup_helper_runnable": ("torchrun", 8, 8),
+    # MoCo's batch shuffle in the model: `dist.broadcast` (accelerate.utils' broadcast) and a rank read
+    # where no Accelerator is reached (PartialState)
+    "ddp_broadcast_runnable": ("torchrun", 8, 16),
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 

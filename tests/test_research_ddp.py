@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import convert
+from conftest import assert_stable, convert
 
 SPAWNED = '''import torch
 import torch.distributed as dist
@@ -263,6 +263,7 @@ def test_a_broadcast_and_a_rank_in_a_model_ask_accelerates_state():
     assert "ACC126" not in [f.code for f in result.findings]
     runtime = convert(BATCH_SHUFFLED, target="runtime").output
     assert "broadcast" in next(line for line in runtime.splitlines() if line.startswith("from accelify.runtime import"))
+    assert_stable(out)
 
 
 def test_a_broadcast_of_another_shape_is_refused():
@@ -397,6 +398,7 @@ def test_the_gpu_of_a_rank_on_its_machine_and_the_inputs_ddp_moved():
     assert "model = nn.Linear(10, 5).to(accelerator.device)\n" in out
     assert "outputs = ddp_model(torch.randn(20, 10).to(accelerator.device))\n" in out
     assert "labels = torch.randn(20, 5).to(accelerator.device)\n" in out
+    assert_stable(out)
 
 
 def test_a_rank_modulo_anything_else_is_no_rank_and_the_refusal_says_where_the_data_goes():
