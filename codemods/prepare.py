@@ -139,12 +139,16 @@ class Prepare(AccelifyCodemod):
         what = "prepare_model" if self.plan.evaluation and not self.plan.dataloaders else "prepare"
         self.change(block.body[self._index - 1],
                     f"`{self.plan.accelerator}.{what}({', '.join(self._names)})` inserted")
+        moved = [item for item in items if item[1] is not None and id(item[1]) in self.plan.after_prepare]
+        for _, origin in moved:
+            self.change(origin, "moved after `prepare`, to wrap the prepared loader")
+        items = [item for item in items if item not in moved]
         at = self.position(block, items, self._index)
         first, *others = self._statements()
         body = insert_paragraph([node for node, _ in items], at, first)
-        body[at + 1:at + 1] = others
+        body[at + 1:at + 1] = [*others, *(node for node, _ in moved)]
         origins = [origin for _, origin in items]
-        return list(zip(body, [*origins[:at], *[None] * (1 + len(others)), *origins[at:]]))
+        return list(zip(body, [*origins[:at], *[None] * (1 + len(others)), *(o for _, o in moved), *origins[at:]]))
 
 
     def _prepare_late(self, block: Block, items: list[Item]) -> list[Item]:

@@ -163,19 +163,15 @@ def infiniteloop(loader):
 """
 
 
-@pytest.mark.parametrize("seed, refused", [("", True), ("    rng = np.random.RandomState(0)\n", True),
-                                           ("    torch.manual_seed(0)\n", False)])
-def test_an_iterator_made_before_prepare_is_refused_unless_torch_is_seeded(seed: str, refused: bool) -> None:
-    """DDPM (w86763777): `datalooper = infiniteloop(dataloader)` before the model; a NumPy generator of the
-    file's own had counted as a seed, and the unprepared loader's batches, shuffled per process, had trained."""
-    source = HEAD + "import numpy as np\n\n\n" + ITERATOR + f"""
+def _made_before(seed: str = "", read: str = "") -> str:
+    return HEAD + "import numpy as np\n\n\n" + ITERATOR + f"""
 
 def main():
 {seed}    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = torch.randn(32, 4)
     loader = DataLoader(TensorDataset(data, (data[:, 0] > 0).long()), batch_size=4, shuffle=True)
     looper = infiniteloop(loader)
-""" + MODEL + """    for step in range(4):
+{read}""" + MODEL + """    for step in range(4):
         x, y = next(looper)
         x, y = x.to(device), y.to(device)
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -187,6 +183,29 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+
+@pytest.mark.parametrize("seed", ["", "    rng = np.random.RandomState(0)\n", "    torch.manual_seed(0)\n"])
+def test_an_iterator_made_before_prepare_is_moved_after_it(seed: str) -> None:
+    """DDPM (w86763777): `datalooper = infiniteloop(dataloader)` before the model. Left there, it holds the
+    loader as it was before `prepare` (unsharded, shuffled per process unless torch is seeded); moved to just
+    after `prepare`, it wraps the prepared one, as an Accelerate user writes it."""
+    result = convert_source(_made_before(seed), "train.py")
+    assert result.changed, [f.message for f in result.findings]
+    out = result.output
+    prepared = out.index("loader, model, optimizer = accelerator.prepare(loader, model, optimizer)\n")
+    assert out.index("    looper = infiniteloop(loader)\n") > prepared
+    assert out.count("looper = infiniteloop(loader)") == 1
+    assert not any(f.code in ("ACC123", "ACC124") for f in result.findings)
+    assert convert_source(out, "train.py").output == out  # moved once: converting again changes nothing
+
+
+@pytest.mark.parametrize("seed, refused", [("", True), ("    rng = np.random.RandomState(0)\n", True),
+                                           ("    torch.manual_seed(0)\n", False)])
+def test_an_iterator_read_before_prepare_is_refused_unless_torch_is_seeded(seed: str, refused: bool) -> None:
+    """The iterator drawn from before the model is built (a first batch to size the model): it cannot move, and
+    it holds the unprepared loader; a NumPy generator of the file's own had counted as a seed."""
+    source = _made_before(seed, read="    first, _ = next(looper)\n")
     result = convert_source(source, "train.py")
     codes = [f.code for f in result.findings]
     assert (not result.changed and codes == ["ACC123"]) if refused else (result.changed and "ACC124" in codes)
@@ -217,6 +236,7 @@ if __name__ == "__main__":
     assert result.changed, [f.message for f in result.findings]
     out = result.output
     assert out.index("accelerator.prepare(loader, model, optimizer)") < out.index("looper = infiniteloop(loader)")
+    assert not any(f.code == "ACC124" for f in result.findings)  # it draws from the prepared loader: sharded
 
 
 def test_a_checkpoint_written_through_a_handle_every_process_opens_is_refused() -> None:

@@ -43,3 +43,23 @@ def test_an_iteration_bounded_schedule_is_the_one_process_schedule(tmp_path):
     # as many optimizer steps on each process as in one: the loop counts iterations, not data
     steps = [[o["steps"] for o in trace["optimizers"]] for trace in distributed.traces]
     assert steps == [[6], [6]] == [[o["steps"] for o in original.traces[0]["optimizers"]]] * 2
+
+
+def test_an_iterator_made_before_prepare_draws_each_process_its_shard(tmp_path):
+    """fixtures/iterator_before_prepare (ODE-Net): `data_gen = inf_generator(loader)` before the model. Moved to
+    just after `prepare`, it wraps the prepared loader: one process trains on the original's batches, and each
+    of two draws half of the data (left where it was, each would draw all of it)."""
+    before, after, two = _prepare(tmp_path, "iterator_before_prepare")
+    env = script_env()
+    original, converted, distributed = (run_traced(before, env), run_traced(after, env),
+                                        run_traced(two, env, processes=2))
+    assert converted.stdout == original.stdout  # one process: the same batches, the same losses
+    seen = lambda out: [int(i) for line in out.splitlines() if line.startswith("itr ")  # noqa: E731
+                        for i in line.split("seen [")[1].split("]")[0].split(", ")]
+    assert sorted(set(seen(original.stdout[0]))) == list(range(16))
+    main = seen(distributed.stdout[0])
+    # 8 batches of 4: four epochs of the first process's half (8 ids each, reshuffled every epoch); left
+    # unprepared, its first four batches would be an epoch of all 16 ids
+    epochs = [main[i:i + 8] for i in range(0, 32, 8)]
+    assert len(main) == 32 and all(len(set(epoch)) == 8 for epoch in epochs)
+    assert sorted(main[:16]) != list(range(16))

@@ -26,7 +26,7 @@ from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import called_function
 from accelify.analyses.ranks import rank_attribute
-from accelify.queries.blocks import enclosing_function, inside, scope_root
+from accelify.queries.blocks import binds, enclosing_function, inside, scope_root
 from accelify.queries.loops import peel_iterable
 from accelify.queries.training import locate_setup
 from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, star_imports, string_value
@@ -447,6 +447,8 @@ def training_data(facts: Facts, plan: Plan) -> bool:
             if isinstance(node, cst.For):
                 loops.append(node)
             node = facts.get_metadata(ParentNodeProvider, node, None)
+        if loops:
+            _move_iterators(facts, plan, loops[-1])
         if not loops or any(_prepared_data(facts, plan, loop.iter, 0) or _bound_by_prepare(facts, loop.iter)
                             for loop in loops) or _drawn_by_next(facts, plan, loops[-1]):
             continue
@@ -820,8 +822,26 @@ def _unprepared_next(facts: Facts, plan: Plan, loop: cst.For) -> Optional[tuple[
 
 
 def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:
-    """Does the loop draw its batches with ``next(...)`` from an iterator of a prepared dataloader made in it?"""
-    return any(made_in for _, _, made_in in _next_draws(facts, plan, loop))
+    """Does the loop draw its batches with ``next(...)`` from an iterator of a prepared dataloader made in it, or
+    made after ``prepare`` (there, or moved there)?"""
+    return any(made_in or _made_after_prepare(facts, plan, iterator) or _moved(facts, plan, iterator)
+               for iterator, _, made_in in _next_draws(facts, plan, loop))
+
+
+def _move_iterators(facts: Facts, plan: Plan, loop: cst.For) -> None:
+    """``plan.after_prepare``: the iterators the loop draws from that are made before ``prepare`` and can be made
+    right after it instead (then they wrap the prepared loader)."""
+    for iterator, _, made_in in _next_draws(facts, plan, loop):
+        if not made_in and not _made_after_prepare(facts, plan, iterator):
+            moved = _movable_iterator(facts, plan, iterator)
+            if moved is not None:
+                plan.after_prepare.add(id(moved))
+
+
+def _moved(facts: Facts, plan: Plan, iterator: cst.Name) -> bool:
+    """Is ``iterator`` made by a statement the conversion moves after ``prepare``?"""
+    return any(a is not None and id(facts.get_metadata(ParentNodeProvider, a, None)) in plan.after_prepare
+               for a in _assignments(facts, iterator))
 
 
 def _iterator_made_before(facts: Facts, plan: Plan, loop: cst.For) -> Optional[tuple[cst.Name, cst.Call]]:
@@ -829,22 +849,76 @@ def _iterator_made_before(facts: Facts, plan: Plan, loop: cst.For) -> Optional[t
     ``next(looper)`` in it: (the iterator, the ``next`` call). One made after the point where ``prepare`` goes
     (after the line that builds the optimizer) wraps the prepared loader."""
     return next(((iterator, call) for iterator, call, made_in in _next_draws(facts, plan, loop)
-                 if not made_in and not _made_after_prepare(facts, plan, iterator)), None)
+                 if not made_in and not _made_after_prepare(facts, plan, iterator)
+                 and not _moved(facts, plan, iterator)), None)
+
+
+def _prepare_point(facts: Facts, plan: Plan) -> Optional[tuple[cst.BaseSuite, int]]:
+    """The setup block and the index in it where ``prepare`` goes; None when the script prepares already."""
+    root = scope_root(facts.module, plan.setup)
+    located = locate_setup(root, set(plan.anchors()), facts.trainers, touches=plan.touches()) if root else None
+    return None if plan.has_prepare else located
+
+
+def _assignments(facts: Facts, iterator: cst.Name) -> list[cst.Assign]:
+    """The assignments that bind ``iterator`` in its scope (a binding of another kind: not an Assign)."""
+    scope = facts.get_metadata(ScopeProvider, iterator, None)
+    out = []
+    for assignment in scope[iterator.value] if scope is not None else ():
+        target = facts.get_metadata(ParentNodeProvider, getattr(assignment, "node", None), None)
+        assign = facts.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
+        out.append(assign if isinstance(assign, cst.Assign) else None)
+    return out  # type: ignore[return-value]
 
 
 def _made_after_prepare(facts: Facts, plan: Plan, iterator: cst.Name) -> bool:
     """Is every assignment of ``iterator`` a statement of the setup block after the point ``prepare`` goes?"""
-    root = scope_root(facts.module, plan.setup)
-    located = locate_setup(root, set(plan.anchors()), facts.trainers, touches=plan.touches()) if root else None
-    if located is None or plan.has_prepare:
+    located = _prepare_point(facts, plan)
+    if located is None:
         return False
     block, index = located
     after = {id(n) for stmt in block.body[index:] for n in findall(stmt, m.Assign())}
-    scope = facts.get_metadata(ScopeProvider, iterator, None)
-    assignments = list(scope[iterator.value]) if scope is not None else []
-    return bool(assignments) and all(
-        isinstance(node := facts.get_metadata(ParentNodeProvider, getattr(a, "node", None), None), cst.AssignTarget)
-        and id(facts.get_metadata(ParentNodeProvider, node, None)) in after for a in assignments)
+    assignments = _assignments(facts, iterator)
+    return bool(assignments) and all(a is not None and id(a) in after for a in assignments)
+
+
+def _movable_iterator(facts: Facts, plan: Plan, iterator: cst.Name) -> Optional[cst.SimpleStatementLine]:
+    """``datalooper = infiniteloop(dataloader)`` (a generator of this file) or ``data_iter = iter(loader)``,
+    made once in the setup block before the point ``prepare`` goes and not read before it: the statement, which
+    the conversion moves to just after ``prepare`` (where an Accelerate user would write it), so that it wraps
+    the prepared loader. None when it is made otherwise (twice, from more than names, by a call with effects,
+    or from a name bound again before ``prepare``)."""
+    located = _prepare_point(facts, plan)
+    assignments = _assignments(facts, iterator)
+    if located is None or len(assignments) != 1 or assignments[0] is None:
+        return None
+    block, index = located
+    assign = assignments[0]
+    line = next((i for i, stmt in enumerate(block.body[:index]) if isinstance(stmt, cst.SimpleStatementLine)
+                 and len(stmt.body) == 1 and stmt.body[0] is assign), None)
+    value = assign.value
+    if line is None or len(assign.targets) != 1 or not isinstance(value, cst.Call) or not value.args:
+        return None
+    if not all(isinstance(arg.value, cst.Name) and arg.keyword is None and not arg.star for arg in value.args):
+        return None
+    if not (qualified_names(facts, value.func) & {"builtins.iter", "iter"} or _generator_of_file(facts, value.func)):
+        return None
+    between = block.body[line + 1:index]
+    names = {iterator.value} | {arg.value.value for arg in value.args}  # type: ignore[attr-defined]
+    for stmt in between:
+        if findall(stmt, m.Name(iterator.value)) or binds(stmt, names):
+            return None
+    return block.body[line]  # type: ignore[return-value]
+
+
+def _generator_of_file(facts: Facts, func: cst.BaseExpression) -> bool:
+    """Is ``func`` a module-level function of this file whose own body yields (calling it runs nothing)?"""
+    if not isinstance(func, cst.Name):
+        return False
+    defined = facts.functions.get(func.value)
+    if defined is None or defined.decorators:
+        return False
+    return any(enclosing_function(facts, y) is defined for y in findall(defined.body, m.Yield()))
 
 
 def _made_in(facts: Facts, iterator: cst.Name, loop: cst.For) -> bool:

@@ -111,6 +111,9 @@ class Plan:
     #: ids of the prepared models handed to another module's code in a statement call (``ema.step_ema(ema_model,
     #: model)``): they are handed ``accelerator.unwrap_model(model)`` (accelify.analyses.unwrapping, ACC016)
     handed_away: set[int] = field(default_factory=set)
+    #: ids of statements of the setup block that make an iterator of a loader before ``prepare``
+    #: (``datalooper = infiniteloop(dataloader)``): moved to just after it (accelify.analyses.data)
+    after_prepare: set[int] = field(default_factory=set)
     #: findings that describe what the conversion did (ACC136): reported only when the file is converted
     conversion_notes: list[RawFinding] = field(default_factory=list)
     #: a trainer class whose optimizer is built in a method (``Trainer.train``): the objects built in
