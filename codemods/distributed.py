@@ -10,7 +10,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 
 from accelify.analyses.device_kinds import per_process_device
 from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, blocking, reduce_op, spawn_arguments
-from accelify.analyses.plan import Plan
+from accelify.analyses.plan import Plan, bind_arguments
 from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
 from accelify.queries.blocks import enclosing_function
@@ -356,6 +356,23 @@ class Distributed(AccelifyCodemod):
         return isinstance(comparison, cst.Comparison) and any(
             self._kept_query(s) for s in (comparison.left, comparison.comparisons[0].comparator))
 
+    def _handed_to_a_worker(self, read: cst.BaseExpression) -> bool:
+        """``main_worker(args.local_rank, ...)`` in ``main``, which cannot reach the Accelerator: the argument of
+        a module-level function that creates it, bound to a parameter every call hands a rank (``dist.passed``).
+        There, tests on it become the Accelerator's and placements on it go; the read stays as it is (under the
+        launcher it is the process's local rank, as before)."""
+        dist = self.plan.distributed
+        arg = self.get_metadata(ParentNodeProvider, read, None)
+        call = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        if dist is None or not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name):
+            return False
+        worker = next((s for s in self.shared.module.body if isinstance(s, cst.FunctionDef)
+                       and s.name.value == call.func.value), None)
+        bound = bind_arguments(worker, call) if worker is not None else None
+        if worker is None or bound is None or self.plan.accelerator_in(worker.name.value) is None:
+            return False
+        return any(value is read and (worker.name.value, param) in dist.passed for param, value in bound.items())
+
     def _passed_only(self, comparison: cst.BaseExpression) -> bool:
         dist = self.plan.distributed
         if not isinstance(comparison, cst.Comparison):
@@ -390,6 +407,8 @@ class Distributed(AccelifyCodemod):
         accelerator = self.accelerator_at(original)
         if accelerator is None and self._kept_query(original):
             return updated  # the name still holds the process's rank (`_state_query`)
+        if accelerator is None and self._handed_to_a_worker(original):
+            return updated
         if accelerator is None:
             return self._unreachable(original, updated)  # type: ignore[return-value]
         if attribute in MAIN_TESTS and self._device_position(original):

@@ -226,11 +226,17 @@ trainer.load_model()
 
 def test_a_rank_read_where_no_accelerator_exists_is_named():
     """pytorch-distributed (tczhangzhi): `main_worker(args.local_rank, args.nprocs, args)` in `main()`, before
-    the worker creates the Accelerator. The finding said "this distributed call" of a rank read."""
+    the worker creates the Accelerator. The finding said "this distributed call" of a rank read; a read handed to
+    the worker is the worker's rank."""
     source = SPAWNED.replace("    mp.spawn(main_worker, (args,), 2)\n", "    main_worker(args.local_rank, args)\n").replace(
         "if __name__", "parser.add_argument('--local_rank', type=int, default=0)\n\n\nif __name__")
     result = convert(source)
-    assert result.output == source
+    assert "    main_worker(args.local_rank, args)\n" in result.output and "init_process_group" not in result.output
+    # handed to the worker, whose parameter is a rank there, it stays; read otherwise where no Accelerator
+    # exists, it is named
+    printed = source.replace("    main_worker(args.local_rank, args)\n", "    print(args.local_rank)\n    main_worker(0, args)\n")
+    result = convert(printed)
+    assert result.output == printed
     finding = next(f for f in result.findings if f.code == "ACC126")
     assert finding.message.startswith("`args.local_rank` (a rank or a collective of the launch) is in the module")
 
@@ -419,3 +425,72 @@ def test_a_hand_made_input_of_the_ddp_model_is_placed_in_a_script_that_places_on
                              "    device_id = torch.device(\"cuda\", local_rank)\n").replace("import torch\n", "import os\nimport torch\n", 1)
     out = convert(source).output
     assert "outputs = ddp_model(torch.randn(20, 10).to(accelerator.device))\n" in out
+
+
+LOCAL_RANK_WORKER = '''import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=os.environ.get("LOCAL_RANK", -1))
+parser.add_argument("--batch_size", type=int, default=16)
+
+
+def main():
+    args = parser.parse_args()
+    args.nprocs = torch.cuda.device_count()
+    main_worker(args.local_rank, args.nprocs, args)
+
+
+def main_worker(local_rank, nprocs, args):
+    dist.init_process_group(backend="nccl")
+    torch.cuda.set_device(local_rank)
+    model = torch.nn.Linear(4, 2).cuda(local_rank)
+    args.batch_size = int(args.batch_size / nprocs)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    dataset = TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=DistributedSampler(dataset))
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x.cuda(local_rank)), y.cuda(local_rank))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if args.local_rank == 0:
+        torch.save(model.module.state_dict(), "model.pt")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_the_gpus_of_the_machine_divided_as_the_processes_are_refused_where_they_are_counted():
+    """tczhangzhi/pytorch-distributed: `args.nprocs = torch.cuda.device_count()` in `main`, handed to the worker,
+    which divides the batch by it (and averages all-reduced sums by it). Under `accelerate launch` the processes
+    are the launcher's; on the CPU the count is 0 and the division fails."""
+    result = convert(LOCAL_RANK_WORKER)
+    assert result.output == LOCAL_RANK_WORKER
+    [finding] = [f for f in result.findings if f.code == "ACC126"]
+    assert finding.line == 16 and "`args.nprocs` counts the GPUs of the machine" in finding.message
+    assert "`args.batch_size / nprocs`" in finding.message
+
+
+def test_the_local_rank_handed_from_main_to_the_worker_that_creates_the_accelerator():
+    """The same script dividing by `dist.get_world_size()` (the finding's suggestion): `main` reads
+    `args.local_rank` only to hand it to `main_worker`, where it is a rank (placements go); `args.local_rank == 0`
+    in the worker, which gets `args` from `main`, is the Accelerator's local main process (left as it was, it
+    would be -1 in one process and never save)."""
+    source = LOCAL_RANK_WORKER.replace("args.batch_size / nprocs", "args.batch_size / dist.get_world_size()")
+    result = convert(source)
+    out = result.output
+    assert out != source, [f.message for f in result.findings]
+    assert "    main_worker(args.local_rank, args.nprocs, args)\n" in out
+    assert "    if accelerator.is_local_main_process:\n" in out and "args.local_rank ==" not in out
+    assert "int(args.batch_size / accelerator.num_processes)" in out
+    assert ".cuda(" not in out and "set_device" not in out
+    assert_stable(out)

@@ -44,6 +44,7 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analyses.facts import Facts
 from accelify.analyses.gathers import Gather, find_gather
 from accelify.analyses.ranks import (
+    DEVICE_COUNT,
     GET_RANK,
     GET_WORLD_SIZE,
     Why,
@@ -64,7 +65,7 @@ from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler
 from accelify.queries.blocks import enclosing_function, inside, statement_line
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import assigned_names, code_of, has_qname, qualified_names
-from accelify.queries.refs import Ref, ref_of
+from accelify.queries.refs import Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -279,6 +280,9 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         test = line.body[0].test  # type: ignore[attr-defined]
         if is_availability_check(facts, test) and (launch_branches(facts, line, env_reads) or (None, False))[1]:
             dist.remove.add(id(line))  # `assert torch.cuda.is_available()` once launched: nccl's need, not gloo's
+    counted = _gpus_counted_as_processes(facts)
+    if counted is not None:
+        return counted
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
     propagate(facts, dist)
@@ -286,6 +290,61 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     main_flags_of(facts, plan, dist, env_reads)
     _first_pairs(facts, plan, dist)
     return None
+
+
+def _gpus_counted_as_processes(facts: Facts) -> Optional[Why]:
+    """``args.nprocs = torch.cuda.device_count()`` in a script a launcher starts, then ``batch_size / nprocs``
+    or ``rt /= nprocs`` after an all-reduce: the GPUs of one machine taken for the processes of the run. Under
+    ``accelerate launch`` the processes are the launcher's (on the CPU there is no GPU to count, and the division
+    fails). The ImageNet example's ``ngpus_per_node``, which ``mp.spawn`` is handed, is ACC027's."""
+    if any(qualified_names(facts, c.func) & SPAWN for c in facts.calls):
+        return None
+    for assign in findall(facts.module, m.Assign(value=m.Call(args=[]))):
+        if not has_qname(facts, assign.value.func, DEVICE_COUNT) or len(assign.targets) != 1:  # type: ignore[attr-defined]
+            continue
+        target = assign.targets[0].target  # type: ignore[attr-defined]
+        carriers = _carriers(facts, target)
+        divisions = [d for d in [
+            *findall(facts.module, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())),
+            *findall(facts.module, m.AugAssign(operator=m.DivideAssign() | m.FloorDivideAssign()))]
+            if _held(facts, d.right if isinstance(d, cst.BinaryOperation) else d.value) in carriers]  # type: ignore[attr-defined]
+        if divisions:
+            return (assign, f"`{code_of(target)}` counts the GPUs of the machine, and the script divides by it "
+                    f"(`{code_of(divisions[0])}`) as by the number of processes: under `accelerate launch` the "
+                    "processes are the launcher's (and on the CPU there is no GPU to count)",
+                    "divide by `dist.get_world_size()` (`accelerator.num_processes`) instead, then run accelify again")
+    return None
+
+
+def _carriers(facts: Facts, target: cst.BaseExpression) -> set[tuple[Optional[str], str]]:
+    """Where what ``target`` is bound to is read, as (scope key, code): itself, and the parameters of the file's
+    functions every call hands it (``main_worker(..., args.nprocs, args)``'s ``nprocs``, and ``args.nprocs``
+    there through ``args``)."""
+    carriers = {_held(facts, target)}
+    namespaces: set[tuple[Optional[str], str]] = set()
+    attribute = None
+    if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+        attribute = target.attr.value
+        namespaces = {_held(facts, target.value)}
+    changed = True
+    while changed:
+        changed = False
+        for name, func in facts.functions.items():
+            sites = facts.call_sites(name, func)
+            for param in [p.name.value for p in func.params.params] if sites else ():
+                held = {_held(facts, bound[param]) if param in bound else None for _, bound in sites}
+                if held <= carriers and (name, param) not in carriers:
+                    carriers.add((name, param))
+                    changed = True
+                if attribute is not None and held <= namespaces and (name, param) not in namespaces:
+                    namespaces.add((name, param))
+                    carriers.add((name, f"{param}.{attribute}"))
+                    changed = True
+    return carriers
+
+
+def _held(facts: Facts, expr: cst.BaseExpression) -> tuple[Optional[str], str]:
+    return key_at(facts, expr), code_of(expr)
 
 
 def _rank_attributes(facts: Facts, plan: Plan, dist: Distributed) -> None:

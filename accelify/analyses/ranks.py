@@ -226,6 +226,7 @@ def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.B
     for ref, assigns in facts.assigns.items():
         if any(m.matches(a.value, m.Call(func=m.Attribute(attr=m.Name("parse_args")))) for a in assigns):
             dist.arg_ranks.add(ref)
+    _handed_arguments(facts, dist)
     usage = "read the local rank only as a rank (`== 0`, `in [-1, 0]`, a device), or use `accelerator.local_process_index`"
     for node in findall(facts.module, m.Attribute(attr=m.Name("local_rank"))):
         if not is_arg_rank(facts, node, dist):  # type: ignore[arg-type]
@@ -240,6 +241,21 @@ def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.B
         ):
             return parent, f"`{code_of(parent)}` tests for a run without a launcher (a single-process path too)", usage
     return None
+
+
+def _handed_arguments(facts: Facts, dist: Distributed) -> None:
+    """The parameters of module-level functions every call hands the parsed arguments (``main_worker(...,
+    args)``, ``train(..., args)``): their ``.local_rank`` is the same option."""
+    changed = True
+    while changed:
+        changed = False
+        for name, func in facts.functions.items():
+            sites = facts.call_sites(name, func)
+            for param in [p.name.value for p in func.params.params] if sites else ():
+                if (name, param) not in dist.arg_ranks and all(
+                        param in bound and ref_of(facts, bound[param]) in dist.arg_ranks for _, bound in sites):
+                    dist.arg_ranks.add((name, param))
+                    changed = True
 
 
 def _launcher_local_rank(facts: Facts, default: cst.BaseExpression, read: cst.BaseExpression) -> bool:
@@ -336,7 +352,7 @@ def rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.Bas
         return "use_distributed"
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo) and isinstance(
         value.right, cst.Call
-    ) and not value.right.args and has_qname(facts, value.right.func, _DEVICE_COUNT):
+    ) and not value.right.args and has_qname(facts, value.right.func, DEVICE_COUNT):
         # `device_id = rank % torch.cuda.device_count()` (the DDP tutorial's elastic example): the process's
         # GPU on its machine, what `local_process_index` is under a launcher that starts one per GPU
         left = value.left
@@ -368,7 +384,7 @@ def rank_source(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.Bas
 
 
 #: how many GPUs the machine has
-_DEVICE_COUNT = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
+DEVICE_COUNT = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
 
 
 def launched_test(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> bool:
