@@ -70,8 +70,9 @@ FINDINGS: dict[str, str] = {
     "learning rates those of one process; file left unchanged.",
     "ACC123": "The training loop draws from a DataLoader accelify cannot prepare (built elsewhere, passed in, held "
     "in a dict of loaders, or returned by a helper that may return something else), or with `next(it)` from an "
-    "iterator made of one before `prepare` runs (`it = infiniteloop(loader)` in the setup code, no seed): every "
-    "process would train on all of it; file left unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
+    "iterator made of one before `prepare` runs that cannot be made right after it instead (read before it, made "
+    "twice, by a call other than `iter` or a generator of the file; no seed): every process would train on all of "
+    "it; file left unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
     "they are prepared where it is called. Also a function handed the prepared DataLoader that binds that parameter "
     "to a new loader (`loader = sample_data(dataset, resolution)`), and a function handed a prepared DataLoader at "
     "one call and an unprepared one at another.",
