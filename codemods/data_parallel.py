@@ -9,6 +9,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 from accelify.analyses.distributed import DATA_PARALLEL, DDP
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import rank_attribute
+from accelify.queries.blocks import enclosing_function
 from accelify.queries.names import has_qname
 from accelify.queries.refs import receiver_refs, ref_of
 from accelify.queries.trees import remove_imports_of
@@ -72,10 +73,12 @@ class DataParallel(AccelifyCodemod):
     METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
 
     def visit_Module(self, node: cst.Module) -> None:
-        wraps = any(
-            len(a.targets) == 1 and ref_of(self, a.targets[0].target) in self.plan.flow["model"] and self._contains_wrap(a.value)
-            for a in findall(node, m.Assign())  # type: ignore[union-attr]
-        )
+        wrap_assigns = [
+            a for a in findall(node, m.Assign())
+            if len(a.targets) == 1 and ref_of(self, a.targets[0].target) in self.plan.flow["model"]  # type: ignore[attr-defined]
+            and self._contains_wrap(a.value)  # type: ignore[attr-defined]
+        ]
+        wraps = bool(wrap_assigns)
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
         self.wrapped = set(self.plan.flow["model"]) if wraps else set()
         # `teacher = DDP(teacher, ...)` around a model the script freezes: `accelerator.prepare_model(teacher)`
@@ -97,7 +100,8 @@ class DataParallel(AccelifyCodemod):
         kind = "DistributedDataParallel" if self.plan.distributed is not None else "DataParallel"
         if wraps and not plain_saves:
             for load in findall(node, m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))):
-                if any(r in self.plan.flow["model"] for r in receiver_refs(self, load.func.value)):  # type: ignore[attr-defined]
+                if any(r in self.plan.flow["model"] for r in receiver_refs(self, load.func.value)) and (  # type: ignore[attr-defined]
+                        not self._before_the_wrap(load, wrap_assigns)):
                     self.finding(
                         load, "ACC129", f"the {kind} wrapper is removed, so this loads into the plain model: a "
                         "checkpoint the original script saved from the wrapped model has `module.`-prefixed keys and "
@@ -105,6 +109,13 @@ class DataParallel(AccelifyCodemod):
                         "convert old checkpoints once: `{k.removeprefix(\"module.\"): v for k, v in state.items()}`.",
                     )
                     break
+
+    def _before_the_wrap(self, load: cst.Call, wraps: list[cst.Assign]) -> bool:
+        """Does ``load`` run, in the function that wraps the model, before it wraps it (WZMIAOMIAO's initial
+        weights, loaded before ``DistributedDataParallel(model)``)? The original loaded into the plain model too."""
+        here = enclosing_function(self, load)
+        same = [w for w in wraps if enclosing_function(self, w) is here]
+        return bool(same) and all(self.line_of(load)[0] < self.line_of(w)[0] for w in same)
 
     def _is_wrap(self, call: cst.CSTNode) -> bool:
         return isinstance(call, cst.Call) and bool(call.args) and has_qname(self, call.func, DATA_PARALLEL)

@@ -387,6 +387,12 @@ class Distributed(AccelifyCodemod):
         return self._rank_use(original_node, updated_node)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        dist = self.plan.distributed
+        if dist is not None and id(original_node) in dist.sizes:
+            size = dist.sizes[id(original_node)]
+            self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> `{size}`: the "
+                        "gathered counts cover the dataset once")
+            return cst.parse_expression(size)
         return self._rank_use(original_node, updated_node)
 
     def _rank_use(self, original: Union[cst.Name, cst.Attribute], updated: cst.BaseExpression) -> cst.BaseExpression:

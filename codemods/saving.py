@@ -9,6 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ClassScope, ParentNodeProvider, ScopeProvider
 
+from accelify.analyses.distributed import BARRIER
 from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import rank_attribute, under_main_process_check
@@ -230,13 +231,27 @@ class Saving(AccelifyCodemod):
                 return True
         return False
 
+    def _after_a_barrier(self, statement: cst.SimpleStatementLine) -> bool:
+        """Is the statement before ``statement`` in its block a barrier (``dist.barrier()``,
+        ``accelerator.wait_for_everyone()``)?"""
+        block = self.get_metadata(ParentNodeProvider, statement, None)
+        body = list(getattr(block, "body", ()))
+        index = next((i for i, s in enumerate(body) if s is statement), 0)
+        before = body[index - 1] if index > 0 else None
+        if not m.matches(before, m.SimpleStatementLine(body=[m.Expr(m.Call(args=[]))])):
+            return False
+        func = before.body[0].value.func  # type: ignore[union-attr]
+        return bool(qualified_names(self, func) & BARRIER) or m.matches(func, m.Attribute(attr=m.Name("wait_for_everyone")))
+
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement]]:
         updated = super().leave_SimpleStatementLine(original_node, updated_node)
         if self._unsynced and any(qualified_names(self, c.func) & TORCH_LOAD for c in findall(original_node, m.Call())):  # type: ignore[attr-defined]
             accelerator = self.accelerator_at(original_node)
-            if accelerator is not None and not under_main_process_check(self, original_node) and not self._per_process(
+            if self._after_a_barrier(original_node):
+                self._unsynced = False  # the script waits already (`dist.barrier()`, now the Accelerator's)
+            elif accelerator is not None and not under_main_process_check(self, original_node) and not self._per_process(
                 original_node
             ) and self._every_process_calls(original_node):
                 # A file saved under a test (`if acc > best:`) may still be being written by the main

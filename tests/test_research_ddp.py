@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import assert_stable, convert
 
 SPAWNED = '''import torch
@@ -332,14 +333,30 @@ if __name__ == "__main__":
 '''
 
 
-def test_gathered_counts_reduced_again_by_a_helper_are_refused():
+def test_gathered_counts_reduced_again_by_a_helper_drop_that_reduction():
     """WZMIAOMIAO's `sum_num = reduce_value(sum_num, average=False)` after an evaluation loop: the loop's
     predictions are gathered (ACC011), so every process holds the whole set's count, and the helper's
-    all-reduce (kept: it reduces other values too) doubled it on two processes. Converted before."""
+    all-reduce (kept: it reduces other values too) would double it on two processes. The helper sums its first
+    parameter and returns it: on the gathered counts that is the identity, so the line goes with the gather
+    (the fourteenth session converted it as it was; the fifteenth refused it)."""
     result = convert(REDUCED_BY_HELPER)
-    assert result.output == REDUCED_BY_HELPER
+    out = result.output
+    assert "gather_for_metrics((pred, y))" in out and "    correct = reduce_value(correct)\n" not in out
+    assert "def reduce_value(value):\n    value = reduce(value, reduction=\"sum\")\n    return value\n" in out
+    assert_stable(out)
+
+
+@pytest.mark.parametrize("helper", [
+    "def reduce_value(value):\n    dist.all_reduce(value)\n    return value * 1\n",  # returns something else
+    "def reduce_value(value):\n    if value is None:\n        return 0\n    dist.all_reduce(value)\n    return value\n",  # not always
+])
+def test_gathered_counts_handed_to_a_helper_it_cannot_read_through_are_refused(helper):
+    source = REDUCED_BY_HELPER.replace("def reduce_value(value):\n    dist.all_reduce(value)\n    return value\n", helper)
+    result = convert(source)
+    assert result.output == source
     finding = next(f for f in result.findings if f.code == "ACC126")
-    assert finding.line == 18 and "`reduce_value(correct)` adds up over the processes the counts" in finding.message
+    assert source.splitlines()[finding.line - 1] == "    correct = reduce_value(correct)"
+    assert "`reduce_value(correct)` adds up over the processes the counts" in finding.message
 
 
 def test_the_suggested_all_reduce_in_place_converts_with_the_counts_gathered_once():
@@ -494,3 +511,46 @@ def test_the_local_rank_handed_from_main_to_the_worker_that_creates_the_accelera
     assert "int(args.batch_size / accelerator.num_processes)" in out
     assert ".cuda(" not in out and "set_device" not in out
     assert_stable(out)
+
+
+WZ_MAIN = REDUCED_BY_HELPER.replace('''    test_loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))
+    model = DDP(torch.nn.Linear(4, 2))
+''', '''    test_sampler = DistributedSampler(data, shuffle=False)
+    test_loader = DataLoader(data, batch_size=8, sampler=test_sampler)
+    model = torch.nn.Linear(4, 2)
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), "initial.pt")
+    dist.barrier()
+    model.load_state_dict(torch.load("initial.pt"))
+    model = DDP(model)
+''').replace("    print(evaluate(model, test_loader))\n", "    print(evaluate(model, test_loader) / test_sampler.total_size)\n")
+
+
+def test_the_padded_size_of_a_sampler_that_goes_is_the_dataset_for_gathered_counts():
+    """WZMIAOMIAO's `acc = sum_num / val_sampler.total_size`: the DistributedSampler's size padded to a multiple
+    of the processes (each process's share counted once; the dataset's own in one process). The counts gathered
+    with `gather_for_metrics` cover the dataset once: `len(data)`. It was ACC126 ("used for more than the
+    DataLoader")."""
+    result = convert(WZ_MAIN)
+    out = result.output
+    assert "    accelerator.print(evaluate(accelerator, model, test_loader) / len(data))\n" in out, out
+    assert "test_sampler" not in out and "DistributedSampler" not in out
+    assert_stable(out)
+
+
+def test_initial_weights_loaded_after_the_scripts_own_barrier_wait_once_and_are_no_checkpoint_of_the_wrapper():
+    """WZMIAOMIAO: rank 0 saves the initial weights, `dist.barrier()`, every rank loads them, then
+    `DistributedDataParallel(model)`. The barrier is already the wait the saving conversion would add (it added
+    a second), and the weights were saved from and loaded into the plain model (ACC129 said the original's
+    checkpoints had the wrapper's keys)."""
+    result = convert(WZ_MAIN)
+    out = result.output
+    assert out.count("accelerator.wait_for_everyone()") == 1
+    assert "    accelerator.wait_for_everyone()\n    model.load_state_dict(torch.load(\"initial.pt\"" in out
+    assert not any(f.code == "ACC129" for f in result.findings)
+    late = WZ_MAIN.replace('''    model.load_state_dict(torch.load("initial.pt"))
+    model = DDP(model)
+''', '''    model = DDP(model)
+    model.load_state_dict(torch.load("initial.pt"))
+''')
+    assert any(f.code == "ACC129" for f in convert(late).findings)  # loaded into the wrapper: its keys

@@ -188,6 +188,8 @@ class Distributed:
     #: where the Accelerator cannot be reached (a model's method), the assignment stays, asking
     #: ``PartialState()``, and its reads stay as they are
     queries: dict[Ref, int] = field(default_factory=dict)
+    #: ids of ``sampler.total_size`` reads of a sampler that goes -> ``len(dataset)`` (accelify.analyses.samplers)
+    sizes: dict[int, str] = field(default_factory=dict)
     #: ids of ``dist.broadcast(t, src)`` statements: ``t = broadcast(t, from_process=src)``
     broadcasts: set[int] = field(default_factory=set)
 
@@ -804,6 +806,11 @@ def _reduced_by_helper(facts: Facts, plan: Plan) -> bool:
             if not inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
                 continue
             if _counted(loop) & handed and isinstance(find_gather(facts, loop, plan), Gather):
+                statement = _returned_reduction(facts, call, _counted(loop))
+                if statement is not None and plan.distributed is not None:
+                    plan.distributed.remove.add(id(statement))
+                    plan.distributed.gathered.add(id(statement))
+                    break
                 facts.finding(
                     plan, call, "ACC126", f"`{code_of(call)}` adds up over the processes the counts of an evaluation "
                     f"loop that are gathered (ACC011): gathered, they are the whole set's on every process, and "
@@ -814,6 +821,36 @@ def _reduced_by_helper(facts: Facts, plan: Plan) -> bool:
                 plan.distributed = None
                 return False
     return True
+
+
+def _returned_reduction(facts: Facts, call: cst.Call, counted: set[str]) -> Optional[cst.SimpleStatementLine]:
+    """``sum_num = reduce_value(sum_num, average=False)`` alone on its line, the helper all-reducing (a sum) the
+    parameter it is handed first, maybe dividing it by the world size, and returning it on every path: on the counts
+    ACC011 gathers (the same on every process) that is the identity, so the statement goes with the gather. None
+    for any other shape (the helper returns something else, reduces with another op, is handed more)."""
+    small = facts.get_metadata(ParentNodeProvider, call, None)
+    statement = facts.get_metadata(ParentNodeProvider, small, None) if isinstance(small, cst.Assign) else None
+    func = facts.functions.get(call.func.value)  # type: ignore[attr-defined]
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or func is None or (
+            not call.args or call.args[0].keyword is not None):
+        return None
+    target = small.targets[0].target if len(small.targets) == 1 else None  # type: ignore[union-attr]
+    counted_name = call.args[0].value
+    if not (isinstance(target, cst.Name) and isinstance(counted_name, cst.Name) and target.value == counted_name.value
+            and target.value in counted and small.value is call):  # type: ignore[union-attr]
+        return None
+    params = func.params.params
+    if not params:
+        return None
+    param = params[0].name.value
+    reduces = [c for c in findall(func, m.Call()) if has_qname(facts, c.func, ALL_REDUCE)]
+    returns = findall(func, m.Return())
+    if len(reduces) != 1 or not returns or any(not m.matches(r.value, m.Name(param)) for r in returns):  # type: ignore[attr-defined]
+        return None
+    reduce = reduces[0]
+    if not reduce.args or not m.matches(reduce.args[0].value, m.Name(param)) or reduce_op(facts, reduce) != "sum":
+        return None
+    return statement  # type: ignore[return-value]
 
 
 DATA_PARALLEL = frozenset(

@@ -70,6 +70,9 @@ def recognise_sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Cal
             up = facts.get_metadata(ParentNodeProvider, use, None)
             if isinstance(up, cst.Attribute) and up.attr.value == "set_epoch":
                 continue
+            if isinstance(up, cst.Attribute) and up.attr.value == "total_size" and _counted_size(call) is not None:
+                dist.sizes[id(up)] = _counted_size(call)  # type: ignore[assignment]
+                continue
             if _shuffle_unless_sampler(facts, up):
                 continue  # `shuffle=(sampler is None)`: the DataLoader gets the sampler's shuffle instead
             if _batched(facts, dist, use, call):
@@ -85,6 +88,15 @@ def recognise_sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Cal
         dist.remove.add(id(facts.get_metadata(ParentNodeProvider, parent)))
         return None
     return call, f"`{code_of(call)}` is not given to a DataLoader accelify can see", usage
+
+
+def _counted_size(sampler: cst.Call) -> Optional[str]:
+    """``len(dataset)`` for ``DistributedSampler(dataset)`` (the dataset a name): what its ``total_size`` stands
+    for once the loader is prepared. ``total_size`` is the dataset padded to a multiple of the processes, each
+    process's share counted once; ``gather_for_metrics`` drops what ``prepare`` repeats, so the counts gathered
+    (ACC011) cover the dataset exactly (in one process the two are the same)."""
+    dataset = sampler.args[0].value if sampler.args and sampler.args[0].keyword is None else None
+    return f"len({dataset.value})" if isinstance(dataset, cst.Name) else None
 
 
 _BATCH_SAMPLERS = frozenset({"torch.utils.data.BatchSampler", "torch.utils.data.sampler.BatchSampler"})
