@@ -9,7 +9,7 @@ import libcst.matchers as m
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
 from accelify.analyses.device_kinds import per_process_device
-from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, blocking, reduce_op, spawn_arguments
+from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, blocking, held, reduce_op, spawn_arguments
 from accelify.analyses.plan import Plan, bind_arguments
 from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
@@ -86,6 +86,9 @@ class Distributed(AccelifyCodemod):
     REQUIRES = frozenset({"ACC001", "ACC006"})
 
     METADATA_DEPENDENCIES = (*AccelifyCodemod.METADATA_DEPENDENCIES, ExpressionContextProvider)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._counted_gpus = False  # ACC143 said once per file
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
@@ -356,7 +359,48 @@ class Distributed(AccelifyCodemod):
         return isinstance(comparison, cst.Comparison) and any(
             self._kept_query(s) for s in (comparison.left, comparison.comparisons[0].comparator))
 
-    def _handed_to_a_worker(self, read: cst.BaseExpression) -> bool:
+    def _gpu_count(self, original: Union[cst.Name, cst.Attribute], updated: cst.BaseExpression) -> cst.BaseExpression:
+        """A read of the GPUs of one machine the script divides by as the processes (``dist.gpu_counts``): the
+        Accelerator's ``num_processes`` where it is reached; elsewhere left when its value comes from or goes to
+        code that reaches it (a helper's parameter, ``main_worker(..., args.nprocs, ...)``), refused when divided
+        by there."""
+        accelerator = self.accelerator_at(original)
+        code = cst.Module(body=[]).code_for_node(original)
+        if accelerator is not None:
+            if not self._counted_gpus:
+                self._counted_gpus = True
+                self.finding(original, "ACC143", f"`{code}`, the GPUs of the machine (`torch.cuda.device_count()`), "
+                             "which the script divided by as the number of processes, is now "
+                             f"`{accelerator}.num_processes`, the processes of the whole run: the same for one process "
+                             "per GPU of one machine; on several machines, what it divides is divided by all of them.",
+                             "on several machines, divide by the processes of one machine "
+                             f"(`{accelerator}.num_processes // <machines>`) to keep the original's per-machine share")
+            self.change(original, f"`{code}` (GPUs counted as the processes) -> `{accelerator}.num_processes`")
+            return accelerator_attr(accelerator, "num_processes")
+        if self._fed_by_the_accelerator(original) or self._handed_to_a_worker(original, self.plan.distributed.gpu_counts):  # type: ignore[union-attr]
+            return updated
+        parent = self.get_metadata(ParentNodeProvider, original, None)
+        if (isinstance(parent, cst.BinaryOperation) and parent.right is original) or (
+                isinstance(parent, cst.AugAssign) and parent.value is original):
+            where = enclosing_function(self, original)
+            place = f"`{where.name.value}`" if where is not None else "the module"
+            self.refuse(original, "ACC126", f"`{code}` counts the GPUs of the machine, and {place}, which cannot reach "
+                        "the Accelerator, divides by it as by the number of processes: under `accelerate launch` the "
+                        "processes are the launcher's (and on the CPU there is no GPU to count); file not converted.",
+                        f"divide by `dist.get_world_size()` after the process group exists, or pass {place} the "
+                        "accelerator, then run accelify again")
+        return updated
+
+    def _fed_by_the_accelerator(self, read: cst.BaseExpression) -> bool:
+        """``nprocs`` in ``reduce_mean(tensor, nprocs)``, a parameter of a module-level function every call of
+        which is made where the Accelerator is reached (there its argument becomes ``num_processes``)."""
+        func = enclosing_function(self, read)
+        if not isinstance(read, cst.Name) or func is None or read.value not in {p.name.value for p in func.params.params}:
+            return False
+        calls = [c for c in findall(self.shared.module, m.Call(func=m.Name(func.name.value)))]
+        return bool(calls) and all(self.accelerator_at(c) is not None for c in calls)
+
+    def _handed_to_a_worker(self, read: cst.BaseExpression, counts: frozenset = frozenset()) -> bool:
         """``main_worker(args.local_rank, ...)`` in ``main``, which cannot reach the Accelerator: the argument of
         a module-level function that creates it, bound to a parameter every call hands a rank (``dist.passed``).
         There, tests on it become the Accelerator's and placements on it go; the read stays as it is (under the
@@ -371,7 +415,8 @@ class Distributed(AccelifyCodemod):
         bound = bind_arguments(worker, call) if worker is not None else None
         if worker is None or bound is None or self.plan.accelerator_in(worker.name.value) is None:
             return False
-        return any(value is read and (worker.name.value, param) in dist.passed for param, value in bound.items())
+        return any(value is read and ((worker.name.value, param) in dist.passed or (worker.name.value, param) in counts)
+                   for param, value in bound.items())
 
     def _passed_only(self, comparison: cst.BaseExpression) -> bool:
         dist = self.plan.distributed
@@ -399,6 +444,9 @@ class Distributed(AccelifyCodemod):
         dist = self.plan.distributed
         if dist is None:
             return updated
+        if dist.gpu_counts and held(self, original) in dist.gpu_counts and self.get_metadata(
+                ExpressionContextProvider, original, None) == ExpressionContext.LOAD:
+            return self._gpu_count(original, updated)
         ref = ref_of(self, original)
         if ref is not None and ref in dist.ranks:
             attribute = dist.ranks[ref]

@@ -486,19 +486,31 @@ if __name__ == "__main__":
 '''
 
 
-def test_the_gpus_of_the_machine_divided_as_the_processes_are_refused_where_they_are_counted():
+def test_the_gpus_of_the_machine_divided_as_the_processes_are_the_accelerators_processes():
     """tczhangzhi/pytorch-distributed: `args.nprocs = torch.cuda.device_count()` in `main`, handed to the worker,
     which divides the batch by it (and averages all-reduced sums by it). Under `accelerate launch` the processes
-    are the launcher's; on the CPU the count is 0 and the division fails."""
+    are the launcher's, and on the CPU the count is 0: where the Accelerator is reached, it is
+    `accelerator.num_processes` (ACC143 says so); `main`, which only hands it on, keeps it."""
     result = convert(LOCAL_RANK_WORKER)
-    assert result.output == LOCAL_RANK_WORKER
+    out = result.output
+    assert "    args.batch_size = int(args.batch_size / accelerator.num_processes)\n" in out
+    assert "    args.nprocs = torch.cuda.device_count()\n    main_worker(args.local_rank, args.nprocs, args)\n" in out
+    [note] = [f for f in result.findings if f.code == "ACC143"]
+    assert note.message.startswith("`nprocs`, the GPUs of the machine (`torch.cuda.device_count()`)")
+    assert_stable(out)
+
+
+def test_the_gpus_of_the_machine_divided_by_where_no_accelerator_is_reached_are_refused():
+    source = LOCAL_RANK_WORKER.replace("    main_worker(args.local_rank, args.nprocs, args)\n",
+                                       "    print(64 // args.nprocs)\n    main_worker(args.local_rank, args.nprocs, args)\n")
+    result = convert(source)
+    assert result.output == source
     [finding] = [f for f in result.findings if f.code == "ACC126"]
-    assert finding.line == 16 and "`args.nprocs` counts the GPUs of the machine" in finding.message
-    assert "`args.batch_size / nprocs`" in finding.message
+    assert finding.line == 17 and "`args.nprocs` counts the GPUs of the machine, and `main`" in finding.message
 
 
 def test_the_local_rank_handed_from_main_to_the_worker_that_creates_the_accelerator():
-    """The same script dividing by `dist.get_world_size()` (the finding's suggestion): `main` reads
+    """The same script dividing by `dist.get_world_size()`: `main` reads
     `args.local_rank` only to hand it to `main_worker`, where it is a rank (placements go); `args.local_rank == 0`
     in the worker, which gets `args` from `main`, is the Accelerator's local main process (left as it was, it
     would be -1 in one process and never save)."""

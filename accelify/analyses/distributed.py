@@ -188,6 +188,9 @@ class Distributed:
     #: where the Accelerator cannot be reached (a model's method), the assignment stays, asking
     #: ``PartialState()``, and its reads stay as they are
     queries: dict[Ref, int] = field(default_factory=dict)
+    #: reads of the GPUs of one machine divided by as the processes (``("main_worker", "nprocs")``): each read where
+    #: the Accelerator is reached is ``accelerator.num_processes``
+    gpu_counts: set[tuple[Optional[str], str]] = field(default_factory=set)
     #: ids of ``sampler.total_size`` reads of a sampler that goes -> ``len(dataset)`` (accelify.analyses.samplers)
     sizes: dict[int, str] = field(default_factory=dict)
     #: ids of ``dist.broadcast(t, src)`` statements: ``t = broadcast(t, from_process=src)``
@@ -282,9 +285,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         test = line.body[0].test  # type: ignore[attr-defined]
         if is_availability_check(facts, test) and (launch_branches(facts, line, env_reads) or (None, False))[1]:
             dist.remove.add(id(line))  # `assert torch.cuda.is_available()` once launched: nccl's need, not gloo's
-    counted = _gpus_counted_as_processes(facts)
-    if counted is not None:
-        return counted
+    _gpus_counted_as_processes(facts, dist)
     helpers = _setup_helpers(facts, dist)
     dist.helpers = helpers
     propagate(facts, dist)
@@ -294,59 +295,63 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     return None
 
 
-def _gpus_counted_as_processes(facts: Facts) -> Optional[Why]:
-    """``args.nprocs = torch.cuda.device_count()`` in a script a launcher starts, then ``batch_size / nprocs``
-    or ``rt /= nprocs`` after an all-reduce: the GPUs of one machine taken for the processes of the run. Under
-    ``accelerate launch`` the processes are the launcher's (on the CPU there is no GPU to count, and the division
-    fails). The ImageNet example's ``ngpus_per_node``, which ``mp.spawn`` is handed, is ACC027's."""
+def _gpus_counted_as_processes(facts: Facts, dist: Distributed) -> None:
+    """``dist.gpu_counts``: ``args.nprocs = torch.cuda.device_count()`` in a script a launcher starts, then
+    ``batch_size / nprocs`` or ``rt /= nprocs`` after an all-reduce: the GPUs of one machine taken for the processes
+    of the run (tczhangzhi's pytorch-distributed). Under ``accelerate launch`` the processes are the launcher's (on
+    the CPU there is no GPU to count, and the division fails): where the Accelerator is reached, each read becomes
+    ``accelerator.num_processes`` (ACC018, with ACC143); a division by it where none is reached is refused. The
+    ImageNet example's ``ngpus_per_node``, which ``mp.spawn`` is handed, is ACC027's."""
     if any(qualified_names(facts, c.func) & SPAWN for c in facts.calls):
-        return None
+        return
     for assign in findall(facts.module, m.Assign(value=m.Call(args=[]))):
         if not has_qname(facts, assign.value.func, DEVICE_COUNT) or len(assign.targets) != 1:  # type: ignore[attr-defined]
             continue
-        target = assign.targets[0].target  # type: ignore[attr-defined]
-        carriers = _carriers(facts, target)
-        divisions = [d for d in [
-            *findall(facts.module, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())),
+        carriers = _carriers(facts, assign.targets[0].target)  # type: ignore[attr-defined]
+        if any(division_by(facts, d) in carriers for d in _divisions(facts)):
+            dist.gpu_counts |= carriers
+
+
+def _divisions(facts: Facts) -> list[cst.CSTNode]:
+    return [*findall(facts.module, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())),
             *findall(facts.module, m.AugAssign(operator=m.DivideAssign() | m.FloorDivideAssign()))]
-            if _held(facts, d.right if isinstance(d, cst.BinaryOperation) else d.value) in carriers]  # type: ignore[attr-defined]
-        if divisions:
-            return (assign, f"`{code_of(target)}` counts the GPUs of the machine, and the script divides by it "
-                    f"(`{code_of(divisions[0])}`) as by the number of processes: under `accelerate launch` the "
-                    "processes are the launcher's (and on the CPU there is no GPU to count)",
-                    "divide by `dist.get_world_size()` (`accelerator.num_processes`) instead, then run accelify again")
-    return None
+
+
+def division_by(facts: Facts, division: cst.CSTNode) -> tuple[Optional[str], str]:
+    """What ``a / b`` or ``a /= b`` divides by, as (scope key, code)."""
+    return held(facts, division.right if isinstance(division, cst.BinaryOperation) else division.value)  # type: ignore[attr-defined]
 
 
 def _carriers(facts: Facts, target: cst.BaseExpression) -> set[tuple[Optional[str], str]]:
     """Where what ``target`` is bound to is read, as (scope key, code): itself, and the parameters of the file's
     functions every call hands it (``main_worker(..., args.nprocs, args)``'s ``nprocs``, and ``args.nprocs``
     there through ``args``)."""
-    carriers = {_held(facts, target)}
+    carriers = {held(facts, target)}
     namespaces: set[tuple[Optional[str], str]] = set()
     attribute = None
     if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
         attribute = target.attr.value
-        namespaces = {_held(facts, target.value)}
+        namespaces = {held(facts, target.value)}
     changed = True
     while changed:
         changed = False
         for name, func in facts.functions.items():
             sites = facts.call_sites(name, func)
             for param in [p.name.value for p in func.params.params] if sites else ():
-                held = {_held(facts, bound[param]) if param in bound else None for _, bound in sites}
-                if held <= carriers and (name, param) not in carriers:
+                given = {held(facts, bound[param]) if param in bound else None for _, bound in sites}
+                if given <= carriers and (name, param) not in carriers:
                     carriers.add((name, param))
                     changed = True
-                if attribute is not None and held <= namespaces and (name, param) not in namespaces:
+                if attribute is not None and given <= namespaces and (name, param) not in namespaces:
                     namespaces.add((name, param))
                     carriers.add((name, f"{param}.{attribute}"))
                     changed = True
     return carriers
 
 
-def _held(facts: Facts, expr: cst.BaseExpression) -> tuple[Optional[str], str]:
-    return key_at(facts, expr), code_of(expr)
+def held(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> tuple[Optional[str], str]:
+    """``expr`` as (scope key, code): ``("train", "args.nprocs")``."""
+    return key_at(visitor, expr), code_of(expr)
 
 
 def _rank_attributes(facts: Facts, plan: Plan, dist: Distributed) -> None:

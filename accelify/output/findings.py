@@ -140,8 +140,9 @@ FINDINGS: dict[str, str] = {
     "optimizer in that function right after it is built (`optimizer = accelerator.prepare(optimizer)`), as "
     "Accelerate's FSDP examples do. Right for one device, DDP, FSDP (version 1) and mixed precision; DeepSpeed and "
     "FSDP2 take a model and its optimizer in one `prepare` call and stop with an error: converted, reported.",
-    "ACC143": "A script that spawned one process per GPU of its machine (ACC027) divided by that count "
-    "(`args.batch_size / ngpus_per_node`): it is now `accelerator.num_processes`, the processes of the whole run. "
+    "ACC143": "A script that spawned one process per GPU of its machine (ACC027), or was launched with one and "
+    "counted them with `torch.cuda.device_count()`, divided by that count (`args.batch_size / ngpus_per_node`, "
+    "`/ args.nprocs`): it is now `accelerator.num_processes`, the processes of the whole run. "
     "The same on one machine; on several, the batch of a machine is divided by all processes: converted, "
     "reported.",
     "ACC144": "A device whose test read the script's device setting (nanoGPT's `device_type = 'cuda' if 'cuda' in "
