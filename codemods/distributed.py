@@ -11,7 +11,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 from accelify.analyses.device_kinds import per_process_device
 from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, blocking, held, reduce_op, spawn_arguments
 from accelify.analyses.plan import Plan, bind_arguments
-from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, main_process_test
+from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, launched_test, main_process_test, no_launcher_test
 from accelify.analyses.samplers import sampler_shuffle
 from accelify.queries.blocks import enclosing_function
 from accelify.queries.names import DATALOADERS, has_qname
@@ -326,8 +326,8 @@ class Distributed(AccelifyCodemod):
 
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
         test = main_process_test(self, original_node, self.plan)
-        if test is None:
-            return updated_node
+        if test is None and isinstance(original_node, cst.Comparison):
+            return self._launch_test(original_node, updated_node)
         accelerator = self.accelerator_at(original_node)
         if accelerator is None:
             if self._passed_only(original_node) or self._kept_sides(original_node):
@@ -337,6 +337,22 @@ class Distributed(AccelifyCodemod):
         remove_imports_of(self.context, original_node)
         return accelerator_attr(accelerator, test).with_changes(
             lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    def _launch_test(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+        """``args.local_rank != -1`` -> ``accelerator.use_distributed``, ``args.local_rank == -1`` -> ``not
+        accelerator.use_distributed``: "was the run started by a launcher?" (under Accelerate, in one process the
+        script takes its single-process path, as it did without a launcher)."""
+        if not is_arg_rank(self, original.left, self.plan.distributed):  # type: ignore[arg-type]
+            return updated
+        polarity = True if launched_test(self, original, []) else False if no_launcher_test(self, original) else None  # type: ignore[arg-type]
+        if polarity is None:
+            return updated
+        accelerator = self.accelerator_at(original)
+        if accelerator is None:
+            return self._unreachable(original, updated)  # type: ignore[return-value]
+        code = f"{accelerator}.use_distributed" if polarity else f"not {accelerator}.use_distributed"
+        self.change(original, f"launch test -> `{code}`")
+        return cst.parse_expression(code).with_changes(lpar=updated.lpar, rpar=updated.rpar)
 
     def leave_FormattedString(self, original_node: cst.FormattedString,
                               updated_node: cst.FormattedString) -> cst.BaseExpression:
@@ -439,6 +455,19 @@ class Distributed(AccelifyCodemod):
                         "gathered counts cover the dataset once")
             return cst.parse_expression(size)
         return self._rank_use(original_node, updated_node)
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        """``RandomSampler(ds) if args.local_rank == -1 else DistributedSampler(ds)`` -> ``RandomSampler(ds)``."""
+        dist = self.plan.distributed
+        branch = dist.sampler_choices.get(id(original_node)) if dist is not None else None
+        if branch is None:
+            return updated_node
+        remove_imports_of(self.context, original_node.orelse if branch == "body" else original_node.body)
+        remove_imports_of(self.context, original_node.test)
+        self.change(original_node, "the DistributedSampler of the launched path removed (`prepare` shards the data): "
+                    "the single-process path's sampler")
+        kept = updated_node.body if branch == "body" else updated_node.orelse
+        return kept.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar) if updated_node.lpar else kept
 
     def _rank_use(self, original: Union[cst.Name, cst.Attribute], updated: cst.BaseExpression) -> cst.BaseExpression:
         dist = self.plan.distributed

@@ -40,6 +40,8 @@ CASES = {
     # MoCo's batch shuffle in the model: `dist.broadcast` (accelerate.utils' broadcast) and a rank read
     # where no Accelerator is reached (PartialState)
     "ddp_broadcast_runnable": ("torchrun", 8, 16),
+    # the old Hugging Face examples' two paths: `--local_rank -1` without a launcher, a process group with one
+    "ddp_two_path_runnable": ("torchrun", 8, 16),
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 

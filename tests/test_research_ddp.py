@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import assert_stable, convert
+from e2e import FIXTURES
 
 SPAWNED = '''import torch
 import torch.distributed as dist
@@ -566,3 +567,35 @@ def test_initial_weights_loaded_after_the_scripts_own_barrier_wait_once_and_are_
     model.load_state_dict(torch.load("initial.pt"))
 ''')
     assert any(f.code == "ACC129" for f in convert(late).findings)  # loaded into the wrapper: its keys
+
+
+TWO_PATH = (FIXTURES / "ddp_two_path_runnable" / "before.py").read_text(encoding="utf-8")
+
+
+def test_the_two_paths_of_the_old_hugging_face_examples_are_the_accelerators():
+    """`if args.local_rank == -1:` (no launcher: one process) / `else:` (the process group): the launch test is
+    `accelerator.use_distributed`, the launched path's set-up goes, and the sampler chosen by the same test is the
+    single-process path's, which `prepare` shards. It was refused (ACC126, "a single-process path too")."""
+    out = convert(TWO_PATH).output
+    assert "    if not accelerator.use_distributed:\n        args.n_gpu = torch.cuda.device_count()\n" in out
+    assert "    sampler = RandomSampler(train_set)\n" in out and "    eval_sampler = SequentialSampler(eval_set)\n" in out
+    code = out.split('"""', 2)[2]  # not the docstring, which describes the original
+    assert "local_rank == -1" not in code and "local_rank != -1" not in code and "DistributedSampler" not in code
+    assert "    if accelerator.use_distributed:\n        accelerator.end_training()\n" in out
+    assert_stable(out)
+
+
+def test_a_sampler_chosen_by_the_launched_test_keeps_the_single_process_one():
+    source = TWO_PATH.replace(
+        "RandomSampler(train_set) if args.local_rank == -1 else DistributedSampler(train_set)",
+        "DistributedSampler(train_set) if args.local_rank != -1 else RandomSampler(train_set)")
+    assert "    sampler = RandomSampler(train_set)\n" in convert(source).output
+
+
+def test_a_launch_test_where_no_accelerator_is_reached_is_refused():
+    source = TWO_PATH.replace("\n\nif __name__", "\n\ndef launched(args):\n    return args.local_rank != -1\n\n\nif __name__")
+    source = source.replace("    args = parser.parse_args()\n", "    args = parser.parse_args()\n    print(launched(args))\n")
+    result = convert(source)
+    assert result.output == source
+    finding = next(f for f in result.findings if f.code == "ACC126")
+    assert finding.message.startswith("`args.local_rank != -1` (a rank or a collective of the launch) is in `launched`")

@@ -188,6 +188,9 @@ class Distributed:
     #: where the Accelerator cannot be reached (a model's method), the assignment stays, asking
     #: ``PartialState()``, and its reads stay as they are
     queries: dict[Ref, int] = field(default_factory=dict)
+    #: ids of ``RandomSampler(ds) if args.local_rank == -1 else DistributedSampler(ds)`` -> the branch that stays
+    #: (``"body"``): the single-process path's sampler, which ``prepare`` shards
+    sampler_choices: dict[int, str] = field(default_factory=dict)
     #: reads of the GPUs of one machine divided by as the processes (``("main_worker", "nprocs")``): each read where
     #: the Accelerator is reached is ``accelerator.num_processes``
     gpu_counts: set[tuple[Optional[str], str]] = field(default_factory=set)

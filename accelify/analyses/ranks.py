@@ -150,18 +150,51 @@ def launch_branches(facts: Facts, node: cst.CSTNode,
     child: cst.CSTNode = node
     parent = facts.get_metadata(ParentNodeProvider, node, None)
     while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-        if isinstance(parent, cst.If) and child in (parent.body, parent.orelse) and _is_launch_test(facts, parent.test, env_reads):
-            return parent, child is parent.body
+        if isinstance(parent, cst.If) and child in (parent.body, parent.orelse):
+            polarity = launch_polarity(facts, parent.test, env_reads)
+            if polarity is not None:
+                return parent, (child is parent.body) == polarity
         child, parent = parent, facts.get_metadata(ParentNodeProvider, parent, None)
     return None
 
 
-def _is_launch_test(facts: Facts, test: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> bool:
-    """``if ddp:`` with ``ddp`` a launch test (or the test itself)."""
+def launch_polarity(facts: Facts, test: cst.BaseExpression, env_reads: list[cst.BaseExpression]) -> Optional[bool]:
+    """True for ``if ddp:`` with ``ddp`` a launch test (or the test itself, ``args.local_rank != -1``), False for
+    its negation (``args.local_rank == -1``, ``not ddp``: the single-process path), None for any other test."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = launch_polarity(facts, test.expression, env_reads)
+        return None if inner is None else not inner
     if launched_test(facts, test, env_reads):
         return True
+    if no_launcher_test(facts, test):
+        return False
     values = facts.bound_values(test)
-    return len(values) == 1 and launched_test(facts, values[0], env_reads)
+    if len(values) == 1 and launched_test(facts, values[0], env_reads):
+        return True
+    return None
+
+
+def _parsed_local_rank(facts: Facts, expr: cst.BaseExpression) -> bool:
+    """``args.local_rank`` of the parsed arguments (``args = parser.parse_args()``, or what every call of the
+    function hands it: :func:`arg_ranks` once the analysis has run it)."""
+    if not (isinstance(expr, cst.Attribute) and expr.attr.value == "local_rank"):
+        return False
+    plan = getattr(facts, "plan", None)
+    dist = plan.distributed if plan is not None else None
+    if dist is not None and dist.arg_ranks:
+        return ref_of(facts, expr.value) in dist.arg_ranks
+    ref = ref_of(facts, expr.value)
+    return ref is not None and any(m.matches(a.value, m.Call(func=m.Attribute(attr=m.Name("parse_args"))))
+                                   for a in getattr(facts, "assigns", {}).get(ref, []))
+
+
+def no_launcher_test(facts: Facts, test: cst.BaseExpression) -> bool:
+    """``args.local_rank == -1`` (``< 0``): "was this run started without a launcher?" (the old Hugging Face
+    examples, FixMatch), ``not accelerator.use_distributed`` under Accelerate."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not _parsed_local_rank(facts, test.left):
+        return False
+    operator, bound = test.comparisons[0].operator, code_of(test.comparisons[0].comparator)
+    return (isinstance(operator, cst.Equal) and bound == "-1") or (isinstance(operator, cst.LessThan) and bound == "0")
 
 
 def kept_rank(facts: Facts, ref: Ref, assigns: list[cst.Assign],
@@ -238,7 +271,7 @@ def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.B
             return node, f"`{code_of(node)}` is set by the script itself", usage
         if isinstance(parent, cst.Comparison) and main_process_test(facts, parent, plan) is None and (
             not_main_process_test(facts, parent, plan) is None
-        ):
+        ) and launch_polarity(facts, parent, []) is None:
             return parent, f"`{code_of(parent)}` tests for a run without a launcher (a single-process path too)", usage
     return None
 
@@ -395,6 +428,11 @@ def launched_test(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.B
     if not isinstance(value, cst.Comparison) or len(value.comparisons) != 1:
         return False
     target = value.comparisons[0]
+    if _parsed_local_rank(facts, value.left):  # `args.local_rank != -1`: the launcher's, -1 without one
+        operator, bound = target.operator, code_of(target.comparator)
+        return (isinstance(operator, cst.NotEqual) and bound == "-1") or (
+            isinstance(operator, (cst.GreaterThanEqual, cst.GreaterThan)) and bound == ("0" if isinstance(
+                operator, cst.GreaterThanEqual) else "-1"))
     if isinstance(target.operator, cst.In) and has_qname(facts, target.comparator, frozenset({"os.environ"})):
         return string_value(value.left) in ENV_RANKS  # type: ignore[arg-type]
     left = value.left

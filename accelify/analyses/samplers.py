@@ -14,8 +14,9 @@ import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.facts import Facts
-from accelify.analyses.ranks import Why, rank_attribute
-from accelify.queries.names import DATALOADERS, code_of, has_qname
+from accelify.analyses.ranks import Why, launch_polarity, rank_attribute
+from accelify.queries.blocks import inside
+from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names
 from accelify.queries.refs import ref_of
 from accelify.queries.walk import findall
 
@@ -44,6 +45,12 @@ def recognise_sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Cal
         return (arg, f"`{code_of(arg)}` of the DistributedSampler is not one accelify can move to the DataLoader",
                 usage)
     parent = facts.get_metadata(ParentNodeProvider, call, None)
+    chosen = _single_process_choice(facts, call, parent)
+    if chosen is not None:
+        # `RandomSampler(ds) if args.local_rank == -1 else DistributedSampler(ds)`: the single-process path's
+        # sampler, which `prepare` shards
+        dist.sampler_choices[id(parent)] = chosen
+        return None
     if isinstance(parent, cst.IfExp) and parent.body is call and m.matches(parent.orelse, m.Name("None")) and (
         rank_attribute(facts, parent.test, plan) == "use_distributed"
     ):
@@ -97,6 +104,22 @@ def _counted_size(sampler: cst.Call) -> Optional[str]:
     (ACC011) cover the dataset exactly (in one process the two are the same)."""
     dataset = sampler.args[0].value if sampler.args and sampler.args[0].keyword is None else None
     return f"len({dataset.value})" if isinstance(dataset, cst.Name) else None
+
+
+def _single_process_choice(facts: Facts, call: cst.Call, parent: Optional[cst.CSTNode]) -> Optional[str]:
+    """``"body"`` or ``"orelse"``: the branch of ``RandomSampler(ds) if args.local_rank == -1 else
+    DistributedSampler(ds)`` (or ``DistributedSampler(ds) if args.local_rank != -1 else RandomSampler(ds)``) that the
+    run without a launcher takes, when ``call`` is the other and that one is a sampler of no process group."""
+    if not isinstance(parent, cst.IfExp) or call not in (parent.body, parent.orelse):
+        return None
+    polarity = launch_polarity(facts, parent.test, [])
+    if polarity is None or (call is parent.body) != polarity:
+        return None
+    other = parent.orelse if call is parent.body else parent.body
+    if not isinstance(other, cst.Call) or any(n.startswith("torch.distributed") or n.endswith("DistributedSampler")
+                                               for n in qualified_names(facts, other.func)):
+        return None
+    return "orelse" if call is parent.body else "body"
 
 
 _BATCH_SAMPLERS = frozenset({"torch.utils.data.BatchSampler", "torch.utils.data.sampler.BatchSampler"})
@@ -215,9 +238,10 @@ def own_samplers(facts: Facts, plan: Plan) -> bool:
         holder = _loader_holder(facts, call)
         if holder is None or holder not in loaders:
             continue
+        removed = plan.distributed.remove if plan.distributed is not None else set()
         for node in findall(facts.module, m.Attribute(attr=m.Name("sampler"))):
-            if ref_of(facts, node.value) != holder:  # type: ignore[attr-defined]
-                continue
+            if ref_of(facts, node.value) != holder or inside(facts, node, removed):  # type: ignore[attr-defined]
+                continue  # (`loader.sampler.set_epoch(epoch)` of the launched path goes with it)
             facts.finding(
                 plan, node, "ACC130",
                 f"`{code_of(node)}` reads the sampler the DataLoader was built with; after `prepare` it is "
