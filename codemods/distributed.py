@@ -456,6 +456,22 @@ class Distributed(AccelifyCodemod):
             return cst.parse_expression(size)
         return self._rank_use(original_node, updated_node)
 
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.BaseStatement]:
+        """The loop that starts the worker in ``Process``es -> one call of the worker; the loop that joins them goes."""
+        dist = self.plan.distributed
+        if dist is not None and dist.spawn is not None and id(original_node) == dist.spawn[0]:
+            name = dist.spawn[1]
+            arguments = ", ".join(cst.Module(body=[]).code_for_node(a) for a in dist.spawned)
+            self.replaced(original_node)
+            remove_imports_of(self.context, original_node)
+            self.change(original_node, f"the loop that started `{name}` in processes -> `{name}({arguments})`: the "
+                        "launcher starts the processes")
+            return self.parse_statement(f"{name}({arguments})\n").with_changes(leading_lines=updated_node.leading_lines)
+        if dist is not None and id(original_node) in dist.joins:
+            self.change(original_node, "the processes' joins removed: the launcher starts and waits for them")
+            return self.remove(updated_node)  # type: ignore[return-value]
+        return super().leave_For(original_node, updated_node)
+
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
         """``RandomSampler(ds) if args.local_rank == -1 else DistributedSampler(ds)`` -> ``RandomSampler(ds)``."""
         dist = self.plan.distributed

@@ -267,7 +267,14 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
         if function is None or id(function) in spawning:
             return None  # the group may not exist there
         if id(function) in init_lines and positions[node].start.line <= init_lines[id(function)]:
-            return None  # read above the set-up
+            if not [n for n in findall(module, m.Name(function.name.value)) if n is not function.name] and not findall(
+                    function, m.For() | m.While()):
+                continue  # a set-up function nothing calls or names (pasted with its module): it never runs
+            report = _setup_report(node, parents)
+            if report is None:
+                return None  # read above the set-up
+            found.drops.add(id(report))  # `print('| distributed init (rank {})'.format(args.rank))`: goes with it
+            continue
         found.reads[id(node)] = keyword
         spelled_as = f"{args_name}.{node.attr.value}" if isinstance(node, cst.Attribute) else node.value
         if spelled_as not in found.spellings:
@@ -275,6 +282,19 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
     if not found.reads and not found.drops:
         return None
     return found
+
+
+def _setup_report(node: cst.CSTNode, parents) -> Optional[cst.Expr]:
+    """``print(...)`` alone on its line around ``node`` (the torchvision references' ``print('| distributed init
+    (rank {}): {}'.format(args.rank, args.dist_url), flush=True)`` before ``init_process_group``): the report of
+    the set-up, which goes with it (the launcher's processes are set up by Accelerate)."""
+    current = parents.get(node)
+    while current is not None and not isinstance(current, cst.SimpleStatementLine):
+        current = parents.get(current)
+    if current is None or len(current.body) != 1:
+        return None
+    small = current.body[0]
+    return small if m.matches(small, m.Expr(m.Call(func=m.Name("print")))) else None  # type: ignore[return-value]
 
 
 def _pure(wrapper: MetadataWrapper, value: cst.BaseExpression) -> bool:

@@ -42,6 +42,8 @@ CASES = {
     "ddp_broadcast_runnable": ("torchrun", 8, 16),
     # the old Hugging Face examples' two paths: `--local_rank -1` without a launcher, a process group with one
     "ddp_two_path_runnable": ("torchrun", 8, 16),
+    # WZMIAOMIAO's `Process` per rank, started and joined in loops (mp.spawn by hand)
+    "ddp_process_loop_runnable": ("spawn", 8, 16),
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 

@@ -599,3 +599,37 @@ def test_a_launch_test_where_no_accelerator_is_reached_is_refused():
     assert result.output == source
     finding = next(f for f in result.findings if f.code == "ACC126")
     assert finding.message.startswith("`args.local_rank != -1` (a rank or a collective of the launch) is in `launched`")
+
+
+PROCESS_LOOP = (FIXTURES / "ddp_process_loop_runnable" / "before.py").read_text(encoding="utf-8")
+
+
+def test_processes_started_and_joined_in_loops_are_one_call_of_the_worker():
+    """WZMIAOMIAO's `for rank in range(world_size): p = Process(target=main_fun, args=(rank, world_size, opt))`:
+    `mp.spawn` by hand. The worker is called once without the rank and the world size (the launcher's); the
+    set-up's report before `init_process_group` goes with it (it read `args.rank`, which the worker no longer
+    sets); the pasted `init_distributed_mode` nothing calls goes too."""
+    out = convert(PROCESS_LOOP).output
+    code = out.split('"""', 2)[2]
+    assert "    world_size = opt.world_size\n    main_fun(opt)\n" in code and "Process" not in code and ".join()" not in code
+    assert "def main_fun(args):\n    accelerator = Accelerator()\n" in code
+    assert "init_distributed_mode" not in code and "distributed init" not in code
+    assert "lr=0.05 * accelerator.num_processes" in code
+    assert_stable(out)
+
+
+@pytest.mark.parametrize("change", [
+    ("    for p in processes:\n        p.join()\n", ""),  # never joined
+    ("p = Process(target=main_fun, args=(rank, world_size, opt))", "p = Process(target=main_fun, args=(rank, world_size, opt), daemon=True)"),
+    ("        p.start()\n", "        p.start()\n        print(p.pid)\n"),
+])
+def test_processes_started_otherwise_are_refused(change):
+    source = PROCESS_LOOP.replace(*change)
+    result = convert(source)
+    assert result.output == source
+    assert any(f.code == "ACC126" for f in result.findings)
+
+
+def test_a_set_up_helper_something_calls_is_not_taken_for_dead():
+    source = PROCESS_LOOP.replace("    world_size = opt.world_size\n", "    print(init_distributed_mode)\n    world_size = opt.world_size\n")
+    assert convert(source).output == source

@@ -64,7 +64,7 @@ from accelify.analyses.ranks import (
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
 from accelify.queries.blocks import enclosing_function, inside, statement_line
 from accelify.queries.devices import is_availability_check
-from accelify.queries.names import assigned_names, code_of, has_qname, qualified_names
+from accelify.queries.names import DATALOADERS, assigned_names, code_of, has_qname, qualified_names
 from accelify.queries.refs import Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
@@ -99,6 +99,9 @@ DDP = frozenset(
     {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 )
 
+
+#: ``multiprocessing.Process`` (torch's is the same class): a process started by hand, ``mp.spawn`` in a loop
+PROCESS = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process"})
 
 SPAWN = frozenset({
     "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes",
@@ -182,6 +185,10 @@ class Distributed:
     #: ``mp.spawn(worker, args=(...), nprocs=n)``: id of the statement, the worker, and the worker's
     #: parameters that go (the rank spawn passes first, a world size equal to ``nprocs``)
     spawn: Optional[tuple[int, str, list[str]]] = None
+    #: the worker's arguments once the ``Process`` loop that started it is a call (:func:`_process_loop`)
+    spawned: list[cst.BaseExpression] = field(default_factory=list)
+    #: ids of the ``for p in processes: p.join()`` loops that go with that loop
+    joins: set[int] = field(default_factory=set)
     #: ``DistributedDataParallelKwargs`` arguments, in the order written
     ddp_kwargs: list[str] = field(default_factory=list)
     #: rank names bound once to a bare query (``gpu_idx = dist.get_rank()``) -> the id of that assignment:
@@ -224,9 +231,14 @@ def _is_distributed(facts: Facts, call: cst.Call) -> bool:
 
 def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     handled: set[int] = set()  # ids of calls accounted for
-    env_reads = env_rank_reads(facts)
+    dead = _dead_setups(facts)
+    live = lambda node: (key_at(facts, node) or "").split(".")[0] not in dead  # noqa: E731
+    env_reads = [r for r in env_rank_reads(facts) if live(r)]
     # ranks first: the rest asks whether an argument is one
     for ref, assigns in facts.assigns.items():
+        assigns = [a for a in assigns if live(a)]
+        if not assigns:
+            continue
         kinds = {rank_source(facts, a.value, env_reads) for a in assigns if facts.single_target(a) == ref}
         if not kinds or kinds == {None}:
             continue
@@ -253,9 +265,9 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     why = arg_ranks(facts, plan, dist, env_reads)
     if why is not None:
         return why
-    spawns = [c for c in facts.calls if qualified_names(facts, c.func) & SPAWN]
+    spawns = [c for c in facts.calls if qualified_names(facts, c.func) & (SPAWN | PROCESS)]
     for call in spawns + [c for c in facts.calls if c not in spawns]:  # the spawned worker's ranks first
-        if id(call) in handled:
+        if id(call) in handled or not live(call):
             continue
         names = qualified_names(facts, call.func)
         why = _call(facts, plan, dist, call, names, handled)
@@ -290,7 +302,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             dist.remove.add(id(line))  # `assert torch.cuda.is_available()` once launched: nccl's need, not gloo's
     _gpus_counted_as_processes(facts, dist)
     helpers = _setup_helpers(facts, dist)
-    dist.helpers = helpers
+    dist.helpers = helpers | dead
     propagate(facts, dist)
     _rank_attributes(facts, plan, dist)
     main_flags_of(facts, plan, dist, env_reads)
@@ -453,6 +465,74 @@ def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> 
     return None
 
 
+def _process_loop(facts: Facts, dist: Distributed, call: cst.Call) -> Optional[Why]:
+    """``for rank in range(n): p = Process(target=worker, args=(rank, ...)); p.start(); processes.append(p)``,
+    then ``for p in processes: p.join()`` (WZMIAOMIAO's multi-GPU example): ``mp.spawn`` written by hand. The
+    launcher starts the processes, so the worker is called once, directly, without the rank (the loop's variable,
+    the Accelerator's ``local_process_index``) nor a world size equal to ``n`` (``num_processes``); the list and
+    the joins go with the loop."""
+    usage = ("call the worker once (`accelerate launch` / `torchrun` start the processes) with the rank from "
+             "the launcher, then run accelify on that script")
+    what = f"`{code_of(call.func)}(...)`"
+    assign = facts.get_metadata(ParentNodeProvider, call, None)
+    line = facts.get_metadata(ParentNodeProvider, assign, None) if isinstance(assign, cst.Assign) else None
+    block = facts.get_metadata(ParentNodeProvider, line, None) if isinstance(line, cst.SimpleStatementLine) else None
+    loop = facts.get_metadata(ParentNodeProvider, block, None) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(loop, cst.For) or dist.spawn is not None or loop.orelse is not None or not isinstance(
+            loop.target, cst.Name) or not m.matches(loop.iter, m.Call(func=m.Name("range"), args=[m.Arg(keyword=None)])):
+        return call, f"{what} is not made in a `for rank in range(n):` loop that starts each process", usage
+    handle = assign.targets[0].target if len(assign.targets) == 1 else None  # type: ignore[union-attr]
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    worker, arguments = keywords.get("target"), keywords.get("args")
+    if not isinstance(handle, cst.Name) or len(keywords) != len(call.args) or set(keywords) != {"target", "args"} or (
+            not isinstance(worker, cst.Name) or not isinstance(arguments, cst.Tuple)):
+        return call, f"{what} is not `Process(target=worker, args=(rank, ...))`", usage
+    values = [e.value for e in arguments.elements]
+    if not values or not m.matches(values[0], m.Name(loop.target.value)):
+        return call, f"{what} does not hand the worker the loop's rank first", usage
+    started = m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(handle.value), attr=m.Name("start")), args=[]))])
+    body = list(block.body)  # type: ignore[union-attr]
+    appended = body[2] if len(body) == 3 else None
+    listed = m.matches(appended, m.SimpleStatementLine(body=[m.Expr(m.Call(
+        func=m.Attribute(value=m.Name(), attr=m.Name("append")), args=[m.Arg(m.Name(handle.value))]))]))
+    if body[0] is not line or not m.matches(body[1], started) or not listed:
+        return loop, f"the loop that starts the processes does more than `{handle.value}.start()` and keep it", usage
+    processes = appended.body[0].value.func.value.value  # type: ignore[union-attr]
+    outer = facts.get_metadata(ParentNodeProvider, loop, None)
+    siblings = list(getattr(outer, "body", ()))
+    at = next(i for i, s in enumerate(siblings) if s is loop)
+    made = siblings[at - 1] if at > 0 else None
+    joined = siblings[at + 1] if at + 1 < len(siblings) else None
+    if not m.matches(made, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(processes))],
+                                                                 value=m.List(elements=[]))])) or not (
+        isinstance(joined, cst.For) and m.matches(joined.iter, m.Name(processes)) and isinstance(joined.target, cst.Name)
+        and m.matches(joined.body, m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Expr(m.Call(
+            func=m.Attribute(value=m.Name(joined.target.value), attr=m.Name("join")), args=[]))])]))
+    ):
+        return loop, f"the processes are not kept in a list made just before (`{processes} = []`) and joined just after", usage
+    func = facts.functions.get(worker.value)
+    if func is None or func.decorators or func.params.star_arg not in (cst.MaybeSentinel.DEFAULT, None) or (
+            func.params.posonly_params):
+        return call, f"{what} starts `{code_of(worker)}`, not a plain function of this file", usage
+    uses = [n for n in findall(facts.module, m.Name(func.name.value)) if n is not func.name and not _member_name(facts, n)]
+    params = [p.name.value for p in func.params.params]
+    if len(uses) != 1 or len(values) != len(params):
+        return call, f"`{func.name.value}` is used elsewhere too, or not called with one argument per parameter", usage
+    key = func.name.value
+    gone = [params[0]]
+    dist.ranks[(key, params[0])] = "local_process_index"
+    count = loop.iter.args[0].value  # type: ignore[attr-defined]
+    for param, value in zip(params[1:], values[1:]):
+        if code_of(value) == code_of(count):
+            dist.ranks[(key, param)] = "num_processes"
+            gone.append(param)
+    dist.spawn = (id(loop), key, gone)
+    dist.spawned = [value for param, value in zip(params, values) if param not in gone]
+    dist.remove.add(id(made))
+    dist.joins.add(id(joined))
+    return None
+
+
 def _member_name(facts: Facts, name: cst.Name) -> bool:
     """``model.train`` (an attribute's name) or ``f(train=...)`` (a keyword): not the function ``train``."""
     parent = facts.get_metadata(ParentNodeProvider, name, None)
@@ -477,6 +557,8 @@ def spawn_arguments(call: cst.Call, worker: cst.FunctionDef, gone: list[str]) ->
 
 def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: set[str], handled: set[int]) -> Optional[Why]:
     """Account for one call of the distributed API (None) or say why it cannot be converted."""
+    if names & PROCESS:
+        return _process_loop(facts, dist, call)
     if names & SPAWN:
         return _spawn(facts, dist, call, names)
     if names & FSDP:
@@ -686,6 +768,20 @@ def plan_statement(facts: Facts, call: cst.Call) -> Optional[cst.SimpleStatement
     if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
         return line
     return None
+
+
+def _dead_setups(facts: Facts) -> set[str]:
+    """Module-level functions that set a process group up (``init_process_group``) and that nothing in the file
+    calls or names (``init_distributed_mode``, pasted with the module of helpers a spawning script imports): they
+    never run here, and go with the rest of the set-up."""
+    dead = set()
+    for name, func in facts.functions.items():
+        calls = findall(func, m.Call())
+        if any(has_qname(facts, c.func, INIT) for c in calls) and not any(  # a set-up, not a whole training
+                has_qname(facts, c.func, DDP | SAMPLERS | SPAWN | PROCESS | DATALOADERS) for c in calls) and not findall(
+                func, m.For() | m.While()) and not [n for n in findall(facts.module, m.Name(name)) if n is not func.name]:
+            dead.add(name)
+    return dead
 
 
 def _setup_helpers(facts: Facts, dist: Distributed) -> set[str]:
