@@ -242,6 +242,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
             init_lines[id(function)] = min(line, init_lines.get(id(function), line))
     found = _Found(args_name or "", attrs, spelled, {}, set(), positions[inits[0]].start.line, [])
     stores: set[int] = set()
+    counting: list[cst.CSTNode] = []  # the counting statements, for the set-up's report (:func:`_setup_report`)
     for small in findall(module, m.Assign() | m.AugAssign()):
         targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
         elements = [e for t in targets for e in ([x.value for x in t.elements] if isinstance(t, (cst.Tuple, cst.List))
@@ -253,6 +254,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
             return None  # `args.rank, args.gpu = ...`: one of them stays; a value that does something
         stores.update(id(e) for e in hits)
         found.drops.add(id(small))
+        counting.append(small)
     for node in findall(module, m.Attribute() | m.Name()):
         keyword = counted(node) if id(node) not in stores else None
         if keyword is None or within(node, init_ids) or within(node, found.drops):
@@ -271,8 +273,10 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
                     function, m.For() | m.While()):
                 continue  # a set-up function nothing calls or names (pasted with its module): it never runs
             report = _setup_report(node, parents)
-            if report is None:
-                return None  # read above the set-up
+            if report is None or not any(
+                    function_of(d) is function and positions[d].start.line < positions[node].start.line
+                    and _assigns(d, node) for d in counting):
+                return None  # read above the set-up (not the report of what this function just counted)
             found.drops.add(id(report))  # `print('| distributed init (rank {})'.format(args.rank))`: goes with it
             continue
         found.reads[id(node)] = keyword
@@ -284,10 +288,18 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
     return found
 
 
+def _assigns(small: cst.CSTNode, read: cst.CSTNode) -> bool:
+    """Does the counting statement ``small`` bind what ``read`` reads (``args.rank = rank``, ``args.rank``)?"""
+    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]  # type: ignore[attr-defined]
+    code = cst.Module([]).code_for_node
+    return any(code(t) == code(read) for t in targets)
+
+
 def _setup_report(node: cst.CSTNode, parents) -> Optional[cst.Expr]:
     """``print(...)`` alone on its line around ``node`` (the torchvision references' ``print('| distributed init
     (rank {}): {}'.format(args.rank, args.dist_url), flush=True)`` before ``init_process_group``): the report of
-    the set-up, which goes with it (the launcher's processes are set up by Accelerate)."""
+    the set-up, which goes with it when the function counted what it reads just before (``args.rank = rank``:
+    the launcher's processes are set up by Accelerate)."""
     current = parents.get(node)
     while current is not None and not isinstance(current, cst.SimpleStatementLine):
         current = parents.get(current)

@@ -633,3 +633,62 @@ def test_processes_started_otherwise_are_refused(change):
 def test_a_set_up_helper_something_calls_is_not_taken_for_dead():
     source = PROCESS_LOOP.replace("    world_size = opt.world_size\n", "    print(init_distributed_mode)\n    world_size = opt.world_size\n")
     assert convert(source).output == source
+
+
+def test_zero_redundancy_and_apex_are_refused_with_what_accelerate_offers_instead():
+    """llm.c's `ZeroRedundancyOptimizer` (ZeRO stage 1 by hand: DeepSpeed's in Accelerate) and apex's
+    `amp.initialize` / `amp.scale_loss` (the prepared optimizer is another object, without apex's `_amp_stash`:
+    converted before, the script failed where apex read it)."""
+    zero = convert((FIXTURES / "noop" / "ddp_zero_redundancy.py").read_text(encoding="utf-8"))
+    [finding] = zero.findings
+    assert "ZeRO stage 1" in finding.message and "DeepSpeed ZeRO stage 1" in finding.suggestion
+    apex = convert((FIXTURES / "noop" / "apex_amp.py").read_text(encoding="utf-8"))
+    [finding] = apex.findings
+    assert finding.code == "ACC145" and finding.line == 13 and "`amp.initialize` is NVIDIA apex" in finding.message
+    assert 'mixed_precision="fp16"' in finding.suggestion
+
+
+EMA = '''import copy
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class ModelEMA:
+    def __init__(self, model, decay):
+        self.ema = copy.deepcopy(model)
+        self.decay = decay
+
+    def update(self, model):
+        with torch.no_grad():
+            for e, p in zip(self.ema.parameters(), model.parameters()):
+                e.mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
+
+
+def main():
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = torch.nn.Linear(4, 2)
+    ema = ModelEMA(model, 0.99)
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ema.update(model)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_an_object_that_only_deep_copies_the_model_before_prepare_is_no_blocker():
+    """FixMatch's `ModelEMA(args, model, decay)` before the optimizer: its `__init__` keeps `deepcopy(model)`,
+    weights that are the same before `prepare` (ACC104 said it would keep the unprepared object); one that keeps
+    the model itself still would."""
+    assert "accelerator.prepare(" in convert(EMA).output
+    kept = EMA.replace("self.ema = copy.deepcopy(model)", "self.ema = copy.deepcopy(model)\n        self.model = model")
+    result = convert(kept)
+    assert result.output == kept and [f.code for f in result.findings] == ["ACC104"]

@@ -103,6 +103,10 @@ DDP = frozenset(
 #: ``multiprocessing.Process`` (torch's is the same class): a process started by hand, ``mp.spawn`` in a loop
 PROCESS = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process"})
 
+#: ZeRO stage 1 by hand: DeepSpeed's in Accelerate
+ZERO = frozenset({"torch.distributed.optim.ZeroRedundancyOptimizer",
+                  "torch.distributed.optim.zero_redundancy_optimizer.ZeroRedundancyOptimizer"})
+
 SPAWN = frozenset({
     "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes",
     "torch.multiprocessing.spawn.start_processes",
@@ -561,6 +565,12 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
         return _process_loop(facts, dist, call)
     if names & SPAWN:
         return _spawn(facts, dist, call, names)
+    if names & ZERO:
+        return (call, f"`{code_of(call.func)}` shards the optimizer state over the processes by hand (ZeRO stage 1), "
+                "which Accelerate does only through DeepSpeed",
+                "build the plain optimizer it wraps (`optimizer_class(model.parameters(), ...)`) and launch with "
+                "DeepSpeed ZeRO stage 1 (`accelerate config`, or `DeepSpeedPlugin(zero_stage=1)`), then run accelify "
+                "again")
     if names & FSDP:
         return (call, f"`{code_of(call.func)}` shards the model by hand",
                 "use Accelerate's FSDP plugin (`accelerate config`, or `FullyShardedDataParallelPlugin`) and "

@@ -357,7 +357,7 @@ def _decide(facts: Facts) -> Plan:
     if not data.training_data(facts, plan) or not data.rebound_loaders(facts, plan) or not helpers.mixed_loaders(
             facts, plan) or not data.loops_through_wrappers(facts, plan):
         return plan
-    if not samplers.own_samplers(facts, plan):
+    if not samplers.own_samplers(facts, plan) or not mixed_precision.apex(facts, plan):
         return plan
     if not plan.evaluation:
         wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)

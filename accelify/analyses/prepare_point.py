@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelify.analyses.facts import Facts
+from accelify.analyses.facts import Facts, bind_arguments
 from accelify.analyses.objects import Optimizers
 from accelify.queries.blocks import binds, bound_on_all_paths, scope_root
 from accelify.queries.loops import peel_iterable
@@ -199,6 +199,25 @@ def _read_before(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
     return False
 
 
+def _only_copied(facts: Facts, call: cst.Call, core: set) -> bool:
+    """``ModelEMA(args, model, decay)`` whose ``__init__`` reads the training object it is handed only as
+    ``deepcopy(model)`` (FixMatch's EMA): it keeps a copy, whose weights are the same before ``prepare`` as
+    after it (the original made it before ``DistributedDataParallel`` too), never the object itself."""
+    cls = facts.classes[call.func.value]  # type: ignore[attr-defined]
+    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    bound = bind_arguments(init, call, skip_self=True) if init is not None else None
+    if init is None or bound is None:
+        return False
+    copies = {id(a.value) for c in findall(init, m.Call(func=m.Name("deepcopy") | m.Attribute(attr=m.Name("deepcopy"))))
+              for a in c.args}  # type: ignore[attr-defined]
+    handed = [name for name, value in bound.items() if ref_of(facts, value) in core]
+    for name in handed:
+        reads = findall(init.body, m.Name(name))
+        if not reads or not all(id(n) in copies for n in reads):
+            return False
+    return bool(handed)
+
+
 def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     module = facts.module
     names = plan.anchors()
@@ -217,7 +236,7 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     for stmt in block.body[:index]:
         for call in findall(stmt, m.Call(func=m.Name())):
             handed = [a.value for a in call.args if ref_of(facts, a.value) in core]  # type: ignore[attr-defined]
-            if call.func.value in facts.classes and handed:  # type: ignore[attr-defined]
+            if call.func.value in facts.classes and handed and not _only_copied(facts, call, core):  # type: ignore[attr-defined]
                 facts.finding(
                     plan, call, "ACC104",
                     f"`{code_of(call.func)}` is handed `{code_of(handed[0])}` before the "  # type: ignore[attr-defined]

@@ -149,6 +149,9 @@ FINDINGS: dict[str, str] = {
     "device else 'cpu'`, `device = 'cuda'` overridable by `--device=cpu`): the setting no longer chooses the "
     "device, Accelerate does (each process its GPU, the CPU without one; `accelerate launch --cpu` for the CPU "
     "where there is a GPU): converted, reported.",
+    "ACC145": "NVIDIA apex (`amp.initialize`, `amp.scale_loss`, `apex.parallel.DistributedDataParallel`): apex patches "
+    "the optimizer it is handed and scales the loss through it, and the optimizer `prepare` returns is another "
+    "object: file left unchanged, with the suggestion to use the Accelerator's mixed precision instead.",
 }
 
 
