@@ -573,6 +573,60 @@ MUTANTS = [
         "    if value is None or text == \"cuda\":", "    if False:",
         tests=("tests/test_placement_helpers.py",),
     ),
+    # sixteenth session
+    Mutant(
+        "iterator-not-moved", "an iterator made before prepare keeps wrapping the unprepared loader",
+        "codemods/prepare.py",
+        "        moved = [item for item in items if item[1] is not None and id(item[1]) in self.plan.after_prepare]",
+        "        moved = []",
+        tests=("tests/test_blocker_tails.py", "tests/test_unseeded_data.py", "tests/test_e2e_shapes.py"),
+    ),
+    Mutant(
+        "helper-reduction-kept", "gathered counts reduced again by a helper, counted once per process",
+        "accelify/analyses/distributed.py",
+        "                    plan.distributed.remove.add(id(statement))\n                    plan.distributed.gathered.add(id(statement))\n",
+        "",
+        tests=("tests/test_research_ddp.py",),
+    ),
+    Mutant(
+        "total-size-kept", "sampler.total_size read after the sampler is gone",
+        "accelify/analyses/samplers.py",
+        "    return f\"len({dataset.value})\" if isinstance(dataset, cst.Name) else None",
+        "    return None",
+        tests=("tests/test_research_ddp.py",),
+    ),
+    Mutant(
+        "gpu-count-kept", "torch.cuda.device_count() divided by as the processes (0 on the CPU)",
+        "codemods/distributed.py",
+        "            return accelerator_attr(accelerator, \"num_processes\")\n        if self._fed_by_the_accelerator",
+        "            return updated\n        if self._fed_by_the_accelerator",
+        tests=("tests/test_research_ddp.py",),
+    ),
+    Mutant(
+        "two-path-refused", "args.local_rank == -1 not read as a launch test",
+        "accelify/analyses/ranks.py",
+        "    return (isinstance(operator, cst.Equal) and bound == \"-1\") or (isinstance(operator, cst.LessThan) and bound == \"0\")",
+        "    return False",
+        tests=("tests/test_research_ddp.py", "tests/test_e2e_distributed.py"),
+    ),
+    Mutant(
+        "process-loop-joins-kept", "the joins of processes the launcher now starts are left behind",
+        "accelify/analyses/distributed.py",
+        "    dist.joins.add(id(joined))\n", "",
+        tests=("tests/test_research_ddp.py",),
+    ),
+    Mutant(
+        "apex-converted", "an apex script converted: amp.scale_loss fails on the prepared optimizer",
+        "accelify/analyses/mixed_precision.py",
+        "            return False\n    return True\n\n\ndef decide(", "            return True\n    return True\n\n\ndef decide(",
+        tests=("tests/test_research_ddp.py", "tests/test_fixtures.py"),
+    ),
+    Mutant(
+        "ema-copy-blocks", "FixMatch's deep-copying EMA refused as keeping the unprepared model",
+        "accelify/analyses/prepare_point.py",
+        "    return bool(handed)\n", "    return False\n",
+        tests=("tests/test_research_ddp.py",),
+    ),
 ]
 
 
