@@ -345,27 +345,12 @@ def _carriers(facts: Facts, target: cst.BaseExpression) -> set[tuple[Optional[st
     """Where what ``target`` is bound to is read, as (scope key, code): itself, and the parameters of the file's
     functions every call hands it (``main_worker(..., args.nprocs, args)``'s ``nprocs``, and ``args.nprocs``
     there through ``args``)."""
-    carriers = {held(facts, target)}
-    namespaces: set[tuple[Optional[str], str]] = set()
-    attribute = None
+    spelled = lambda arg: held(facts, arg)  # noqa: E731
+    seeds = {held(facts, target)}
     if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
-        attribute = target.attr.value
-        namespaces = {held(facts, target.value)}
-    changed = True
-    while changed:
-        changed = False
-        for name, func in facts.functions.items():
-            sites = facts.call_sites(name, func)
-            for param in [p.name.value for p in func.params.params] if sites else ():
-                given = {held(facts, bound[param]) if param in bound else None for _, bound in sites}
-                if given <= carriers and (name, param) not in carriers:
-                    carriers.add((name, param))
-                    changed = True
-                if attribute is not None and given <= namespaces and (name, param) not in namespaces:
-                    namespaces.add((name, param))
-                    carriers.add((name, f"{param}.{attribute}"))
-                    changed = True
-    return carriers
+        namespaces = facts.handed({held(facts, target.value)}, spelled)
+        seeds |= {(key, f"{name}.{target.attr.value}") for key, name in namespaces}
+    return facts.handed(seeds, spelled)
 
 
 def held(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> tuple[Optional[str], str]:

@@ -15,7 +15,7 @@ finding, at a node's position, in a plan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -126,6 +126,23 @@ class Facts(cst.CSTVisitor):
     def bound_values(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
         """The values a plain name is assigned in its scope (``params = [...]`` for ``Adam(params)``)."""
         return assigned_values(self, expr) if isinstance(expr, cst.Name) else []
+
+    def handed(self, seeds: set, key: Callable[[cst.BaseExpression], object], sites_of: Optional[dict] = None) -> set:
+        """``seeds`` and the parameters ``(function, parameter)`` of the file's module-level functions every call
+        of which hands them one of those (as ``key`` spells an argument), to a fixpoint: ``main(args)`` then
+        ``train(args)``. ``sites_of`` adds call sites ``call_sites`` does not see (a ``Process`` target)."""
+        found = set(seeds)
+        sites = {name: self.call_sites(name, func) or (sites_of or {}).get(name, []) for name, func in self.functions.items()}
+        changed = True
+        while changed:
+            changed = False
+            for name, func in self.functions.items():
+                for param in [p.name.value for p in func.params.params] if sites[name] else ():
+                    if (name, param) not in found and all(
+                            param in bound and key(bound[param]) in found for _, bound in sites[name]):
+                        found.add((name, param))
+                        changed = True
+        return found
 
     def call_sites(
         self, name: str, func: cst.FunctionDef, cls: Optional[cst.ClassDef] = None

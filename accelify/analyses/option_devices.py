@@ -79,25 +79,11 @@ def find(facts: Facts) -> Optional[tuple[Ref, str, bool]]:
 
 def handed_on(facts: Facts, namespace: Ref) -> frozenset[Ref]:
     """The namespace and the parameters it is handed to: a parameter of a function of the file that every
-    call hands the namespace (``main(args)`` under ``if __name__ == "__main__":``, then ``train(args)``)."""
-    refs = {namespace}
-    sites_of = {name: facts.call_sites(name, function) for name, function in facts.functions.items()}
-    for name, bound in _started(facts):
-        if sites_of.get(name) == []:
-            sites_of[name] = [(None, bound)]  # type: ignore[list-item]
-    changed = True
-    while changed:
-        changed = False
-        for name, function in facts.functions.items():
-            sites = sites_of[name]
-            for param in [p.name.value for p in function.params.params] if sites else []:
-                if (name, param) in refs:
-                    continue
-                if all(isinstance(bound.get(param), cst.Name) and ref_of(facts, bound[param]) in refs  # type: ignore[arg-type]
-                       for _, bound in sites):
-                    refs.add((name, param))
-                    changed = True
-    return frozenset(refs)
+    call hands the namespace (``main(args)`` under ``if __name__ == "__main__":``, then ``train(args)``), or a
+    ``Process`` its worker."""
+    started = {name: [(None, bound)] for name, bound in _started(facts)}
+    return frozenset(facts.handed({namespace}, lambda arg: ref_of(facts, arg) if isinstance(arg, cst.Name) else None,
+                                  started))
 
 
 _PROCESS = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process"})

@@ -259,7 +259,8 @@ def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.B
     for ref, assigns in facts.assigns.items():
         if any(m.matches(a.value, m.Call(func=m.Attribute(attr=m.Name("parse_args")))) for a in assigns):
             dist.arg_ranks.add(ref)
-    _handed_arguments(facts, dist)
+    # the parameters every call hands the parsed arguments (`main_worker(..., args)`): the same option there
+    dist.arg_ranks |= facts.handed(set(dist.arg_ranks), lambda arg: ref_of(facts, arg))
     usage = "read the local rank only as a rank (`== 0`, `in [-1, 0]`, a device), or use `accelerator.local_process_index`"
     for node in findall(facts.module, m.Attribute(attr=m.Name("local_rank"))):
         if not is_arg_rank(facts, node, dist):  # type: ignore[arg-type]
@@ -274,21 +275,6 @@ def arg_ranks(facts: Facts, plan: Plan, dist: Distributed, env_reads: list[cst.B
         ) and launch_polarity(facts, parent, []) is None:
             return parent, f"`{code_of(parent)}` tests for a run without a launcher (a single-process path too)", usage
     return None
-
-
-def _handed_arguments(facts: Facts, dist: Distributed) -> None:
-    """The parameters of module-level functions every call hands the parsed arguments (``main_worker(...,
-    args)``, ``train(..., args)``): their ``.local_rank`` is the same option."""
-    changed = True
-    while changed:
-        changed = False
-        for name, func in facts.functions.items():
-            sites = facts.call_sites(name, func)
-            for param in [p.name.value for p in func.params.params] if sites else ():
-                if (name, param) not in dist.arg_ranks and all(
-                        param in bound and ref_of(facts, bound[param]) in dist.arg_ranks for _, bound in sites):
-                    dist.arg_ranks.add((name, param))
-                    changed = True
 
 
 def _launcher_local_rank(facts: Facts, default: cst.BaseExpression, read: cst.BaseExpression) -> bool:
