@@ -311,6 +311,8 @@ def install_device_check(on_error: Optional[Callable[[dict[str, Any]], None]] = 
                     return moved(func, args, kwargs, _on_device(rest[0]))
                 target_device = parse_to(*rest, **kwargs)[0]
                 return moved(func, args, kwargs, None if target_device is None else is_emulated_device(target_device))
+            if name == "type_as" and len(args) > 1 and isinstance(args[0], Tensor) and isinstance(args[1], Tensor):
+                return moved(func, args, kwargs, _on_device(args[1]))  # the other's type, its device included
             if name == "cpu":
                 return moved(func, args, kwargs, False)
             if name == "cuda":

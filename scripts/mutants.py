@@ -627,6 +627,20 @@ MUTANTS = [
         "    return bool(handed)\n", "    return False\n",
         tests=("tests/test_research_ddp.py",),
     ),
+    Mutant(
+        "numpy-gathered", "NumPy arrays handed to gather_for_metrics (it fails on several processes)",
+        "accelify/analyses/gathers.py",
+        "    if inline is None and _on_the_host(rows[:at], set(gathered)):",
+        "    if False:",
+        tests=("tests/test_research_shapes.py",),
+    ),
+    Mutant(
+        "type-as-on-host", "the device check takes type_as(placed) for a host tensor (ODE-Net failed verify)",
+        "runtime/checks.py",
+        "            if name == \"type_as\" and len(args) > 1",
+        "            if False and len(args) > 1",
+        tests=("tests/test_checks.py",),
+    ),
 ]
 
 

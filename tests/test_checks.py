@@ -112,6 +112,8 @@ def test_moves_copies_and_host_indices_are_allowed(check):
     assert on_device(placed[torch.tensor([0, 2])])  # host indices into a device tensor
     placed[torch.tensor([1])] = 5.0
     assert on_device(placed.to(torch.float64)) and on_device(torch.ones(2).to(placed))
+    # ODE-Net's `self.integration_time.type_as(x)`: on a GPU, a tensor of the CUDA type
+    assert on_device(torch.tensor([0, 1]).float().type_as(placed)) and not on_device(placed.type_as(torch.ones(1)))
     with pytest.raises(DeviceMismatch):
         torch.arange(4.0)[torch.tensor([1]).to(DEVICE)]  # device indices into a host tensor
 

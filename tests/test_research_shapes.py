@@ -68,3 +68,41 @@ def test_a_loader_read_through_an_unknown_wrapper_in_an_evaluation_is_refused():
 def test_a_training_loop_through_a_wrapper_is_not_refused_for_it():
     source = SCRIPT.replace("for x, y in train:", "for x, y in prefetch(train):")
     assert not any("come through" in f.message for f in convert(source, "train.py").findings)
+
+
+ODENET = SCRIPT.replace('''    for x, y in loader:
+        x = x.cuda(non_blocking=True)
+        y = y.cuda(non_blocking=True)
+        correct += (model(x).argmax(1) == y).sum().item()''', '''    for x, y in loader:
+        x = x.cuda(non_blocking=True)
+        y = y.numpy()
+        predicted = model(x).argmax(1).cpu().numpy()
+        correct += (predicted == y).sum().item()''')
+
+
+def test_the_model_run_inside_a_line_before_the_metric_is_gathered_where_the_batch_is():
+    """ODE-Net's `accuracy`: the labels made NumPy first (`y = one_hot(np.array(y.numpy()), 10)`), then
+    `np.argmax(model(x).cpu().detach().numpy(), axis=1)` in a line that is no metric: the outputs are taken right
+    after the last line that binds what the model reads, gathered with the labels as the loop drew them."""
+    assert ODENET != SCRIPT
+    out = convert(ODENET, "train.py").output
+    assert "        outputs, y = accelerator.gather_for_metrics((model(x), y))\n        y = y.cpu().numpy()\n" in out, out
+    assert "predicted = outputs.argmax(1).cpu().numpy()" in out and "model(x).argmax" not in out
+
+
+def test_the_gather_goes_after_the_last_line_that_binds_the_models_input():
+    source = ODENET.replace("        y = y.numpy()\n", "        if x.shape[0] > 1:\n            x = x * 1\n        y = y.numpy()\n")
+    out = convert(source, "train.py").output
+    assert "            x = x * 1\n        outputs, y = accelerator.gather_for_metrics((model(x), y))\n" in out
+
+
+def test_outputs_made_numpy_with_no_one_model_call_to_take_them_from_are_refused():
+    """Gathered after `y = y.numpy()`, the labels would be a NumPy array, which `gather_for_metrics` cannot gather
+    on several processes (it was converted so, and failed there); two model calls leave no one place to take
+    the outputs from."""
+    source = ODENET.replace("        predicted = model(x).argmax(1).cpu().numpy()\n",
+                            "        if y.shape[0] > 1:\n            predicted = model(x).argmax(1).cpu().numpy()\n"
+                            "        else:\n            predicted = model(x * 2).argmax(1).cpu().numpy()\n")
+    result = convert(source, "train.py")
+    assert result.output == source
+    assert [f.code for f in result.findings] == ["ACC114"]

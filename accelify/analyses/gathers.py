@@ -152,6 +152,44 @@ def _branch_assigns(stmt: cst.BaseStatement) -> list[cst.Assign]:
     return list(findall(stmt, m.Assign())) if isinstance(stmt, (cst.If, cst.Try)) else []  # type: ignore[arg-type]
 
 
+def _hoistable(visitor: cst.MetadataDependent, rows: list, metric: int, plan: Plan) -> Optional[tuple[cst.Call, int, int]]:
+    """The one model call of the loop before its first metric, inside a line that is no ``output = model(...)``
+    (ODE-Net's ``predicted_class = np.argmax(model(x).cpu().detach().numpy(), axis=1)``, after ``y = one_hot(
+    np.array(y.numpy()), 10)``): (the call, its line, the line the gather goes before). The gather goes right after
+    the last line that binds what the call reads, the outputs taken there from the call (the same inputs, the
+    same model: the lines in between only bind other names), so that it pairs them with the batch as the
+    loop drew it, before a line turns the labels into something else. None when there is no such one call, or
+    the lines in between are not plain statements of the same block."""
+    found = [(i, c) for i, (_, stmt) in enumerate(rows[:metric]) for c in findall(stmt, m.Call())
+             if ref_of(visitor, c.func) in plan.flow["model"]]  # type: ignore[attr-defined]
+    if len(found) != 1 or simple_assign(rows[found[0][0]][1]) is None:
+        return None
+    line, call = found[0]
+    reads = {n.value for n in findall(call, m.Name())}  # type: ignore[attr-defined]
+    at = 1 + max((i for i, (_, stmt) in enumerate(rows[:line]) if _binds(stmt) & reads), default=-1)
+    if any(rows[i][0] is not rows[line][0] or not isinstance(rows[i][1], cst.SimpleStatementLine)
+           for i in range(at, line + 1)):
+        return None
+    return call, line, at  # type: ignore[return-value]
+
+
+def _on_the_host(rows: list, names: set[str]) -> bool:
+    """Is one of ``names`` last bound, among ``rows``, to a NumPy array or Python values (``y = y.numpy()``,
+    ``p = out.argmax(1).cpu().numpy()``, ``.tolist()``, ``.item()``)?"""
+    last: dict[str, cst.BaseExpression] = {}
+    for _, stmt in rows:
+        assign = simple_assign(stmt)
+        for name in _targets(assign) if assign is not None else ():
+            last[name] = assign.value  # type: ignore[union-attr]
+    host = m.Call(func=m.Attribute(attr=m.Name("numpy") | m.Name("tolist") | m.Name("item")))
+    return any(name in last and m.matches(last[name], host) for name in names)
+
+
+def _binds(stmt: cst.BaseStatement) -> set[str]:
+    assign = simple_assign(stmt)
+    return _targets(assign) if assign is not None else {n for a in _branch_assigns(stmt) for n in _targets(a)}
+
+
 def _reads(stmt: cst.CSTNode) -> set[str]:
     return {n.value for n in findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
@@ -207,36 +245,55 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
     if call_at is None or metrics[0] < call_at:
         calls = [c for c in findall(rows[metrics[0]][1], m.Call())
                  if ref_of(visitor, c.func) in plan.flow["model"]]  # type: ignore[attr-defined]
-        if len(calls) != 1:
+        hoisted = _hoistable(visitor, rows, metrics[0], plan) if len(calls) != 1 and call_at is None else None
+        if hoisted is not None:
+            inline, call_at, at = hoisted  # ODE-Net's `np.argmax(model(x).cpu().numpy(), 1)`, labels made NumPy first
+        elif len(calls) != 1:
             if call_at is None:
                 return "they read the batch, but no `output = model(...)` line gives accelify the outputs to gather"
             return "a metric reads the batch before the model's outputs exist, so no one gather can pair them"
-        inline, call_at, at = calls[0], metrics[0], metrics[0]
+        else:
+            inline, call_at, at = calls[0], metrics[0], metrics[0]
     else:
         at = call_at + 1
         while at < len(rows) and not _metric(rows[at][1]) and (a := simple_assign(rows[at][1])) is not None and _per_sample(a.value):
             at += 1
     if at >= len(rows):
         return None
+
+    def chosen(inline: Optional[cst.Call], at: int) -> tuple[list[cst.BaseStatement], set[int], set[str], list[str]]:
+        """What the statements from ``at`` on read of the batch and the outputs: (those statements, the ids of
+        the inline call's names, the names the metrics need, the names gathered)."""
+        later = [s for _, s in rows[at:]]
+        skip = {id(n) for n in findall(inline, m.Name())} if inline is not None else set()  # its inputs stay
+        # What the metrics read, directly or through the statements between (`mse = criterion(out, y)`).
+        needed = {n.value for s in later if _metric(s) for n in findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
+        for s in reversed(later):
+            inner = simple_assign(s)
+            for assign in reversed([inner] if inner is not None else _branch_assigns(s)):  # `if wide: acc1, acc5 = ...`
+                if _targets(assign) & needed:
+                    needed |= {n.value for n in findall(assign.value, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
+        order = _first_use(later, derived)
+        # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
+        return later, skip, needed, sorted((n for n in derived & needed if defined_at.get(n, len(rows)) < at),
+                                           key=lambda n: (defined_at[n] < call_at, order(n)))
+
+    later, skip, needed, gathered = chosen(inline, at)
+    if inline is None and _on_the_host(rows[:at], set(gathered)):
+        # `predicted = model(x).argmax(1).cpu().numpy()` after `y = y.numpy()`: gathered there, they would be NumPy
+        # arrays, which no gather takes; the outputs are taken where the batch still is what the loop drew
+        hoisted = _hoistable(visitor, rows, metrics[0], plan)
+        if hoisted is None:
+            return ("the values they read are NumPy arrays (or Python numbers) by then, which `gather_for_metrics` "
+                    "cannot gather, and the model's outputs cannot be taken before that")
+        inline, call_at, at = hoisted
+        later, skip, needed, gathered = chosen(inline, at)
     block, statement = rows[at]
-    later = [s for _, s in rows[at:]]
-    skip = {id(n) for n in findall(inline, m.Name())} if inline is not None else set()  # its inputs stay
     if any(
         ref_of(visitor, c.func) in plan.flow["model"] and c is not inline  # type: ignore[attr-defined]
         for s in later for c in findall(s, m.Call())
     ):
         return "the model runs again after the values the metrics read, so no one gather can cover both"
-    # What the metrics read, directly or through the statements between (`mse = criterion(out, y)`).
-    needed = {n.value for s in later if _metric(s) for n in findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
-    for s in reversed(later):
-        inner = simple_assign(s)
-        for assign in reversed([inner] if inner is not None else _branch_assigns(s)):  # `if wide: acc1, acc5 = ...`
-            if _targets(assign) & needed:
-                needed |= _reads(assign.value)
-    order = _first_use(later, derived)
-    # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
-    gathered = sorted((n for n in derived & needed if defined_at.get(n, len(rows)) < at),
-                      key=lambda n: (defined_at[n] < call_at, order(n)))
     # Gathered values grow N-fold: code other than the metrics that reads them (`recon.view(batch_size, ...)`
     # to save a sample image) would get a batch of another shape.
     def feeds_metrics(s: cst.BaseStatement) -> bool:

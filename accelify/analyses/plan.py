@@ -357,13 +357,14 @@ def _decide(facts: Facts) -> Plan:
     if not data.training_data(facts, plan) or not data.rebound_loaders(facts, plan) or not helpers.mixed_loaders(
             facts, plan) or not data.loops_through_wrappers(facts, plan):
         return plan
-    if not samplers.own_samplers(facts, plan) or not mixed_precision.apex(facts, plan):
+    if not samplers.own_samplers(facts, plan):
         return plan
+    apex_free = mixed_precision.apex(facts, plan)  # (the blockers after it are named too)
     if not plan.evaluation:
         wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
         mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)
         gradient_accumulation.decide(facts, plan, wrapped, scheduler_calls, arguments)
-    if not hazards.multi_process(facts, plan):
+    if not hazards.multi_process(facts, plan) or not apex_free:
         return plan
     unused_parameters.decide(facts, plan)
     plan.foreign_writers = foreign_writers(facts)
