@@ -413,14 +413,15 @@ class Distributed(AccelifyCodemod):
         func = enclosing_function(self, read)
         if not isinstance(read, cst.Name) or func is None or read.value not in {p.name.value for p in func.params.params}:
             return False
-        calls = [c for c in findall(self.shared.module, m.Call(func=m.Name(func.name.value)))]
+        calls = findall(self.shared.module, m.Call(func=m.Name(func.name.value)))
         return bool(calls) and all(self.accelerator_at(c) is not None for c in calls)
 
     def _handed_to_a_worker(self, read: cst.BaseExpression, counts: frozenset = frozenset()) -> bool:
         """``main_worker(args.local_rank, ...)`` in ``main``, which cannot reach the Accelerator: the argument of
-        a module-level function that creates it, bound to a parameter every call hands a rank (``dist.passed``).
-        There, tests on it become the Accelerator's and placements on it go; the read stays as it is (under the
-        launcher it is the process's local rank, as before)."""
+        a module-level function that creates it, bound to a parameter every call hands a rank (``dist.passed``) or
+        one of ``counts`` (the GPUs counted as the processes: ``main_worker(..., args.nprocs, ...)``). There, tests
+        on it become the Accelerator's, placements on it go and counts are ``num_processes``; the read stays as it
+        is (under the launcher it is the process's local rank, as before)."""
         dist = self.plan.distributed
         arg = self.get_metadata(ParentNodeProvider, read, None)
         call = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
