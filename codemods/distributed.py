@@ -11,7 +11,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 from accelify.analyses.device_kinds import per_process_device
 from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, blocking, held, reduce_op, spawn_arguments
 from accelify.analyses.plan import Plan, bind_arguments
-from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, launched_test, main_process_test, no_launcher_test
+from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, local_rank_launch, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
 from accelify.queries.blocks import enclosing_function
 from accelify.queries.names import DATALOADERS, has_qname
@@ -344,7 +344,7 @@ class Distributed(AccelifyCodemod):
         script takes its single-process path, as it did without a launcher)."""
         if not is_arg_rank(self, original.left, self.plan.distributed):  # type: ignore[arg-type]
             return updated
-        polarity = True if launched_test(self, original, []) else False if no_launcher_test(self, original) else None  # type: ignore[arg-type]
+        polarity = local_rank_launch(self, original)
         if polarity is None:
             return updated
         accelerator = self.accelerator_at(original)

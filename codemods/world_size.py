@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from accelify.analyses.distributed import INIT, SPAWN
+from accelify.analyses.distributed import INIT, SPAWN, dead_setup
 from accelify.analyses.plan import Plan
 from accelify.queries.names import name_attribute, wrapper_qualified_names
 from accelify.queries.records import Finding
@@ -269,8 +269,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
         if function is None or id(function) in spawning:
             return None  # the group may not exist there
         if id(function) in init_lines and positions[node].start.line <= init_lines[id(function)]:
-            if not [n for n in findall(module, m.Name(function.name.value)) if n is not function.name] and not findall(
-                    function, m.For() | m.While()):
+            if dead_setup(function, module, lambda node: wrapper_qualified_names(wrapper, node)):
                 continue  # a set-up function nothing calls or names (pasted with its module): it never runs
             report = _setup_report(node, parents)
             if report is None or not any(

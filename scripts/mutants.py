@@ -605,8 +605,8 @@ MUTANTS = [
     Mutant(
         "two-path-refused", "args.local_rank == -1 not read as a launch test",
         "accelify/analyses/ranks.py",
-        "    return (isinstance(operator, cst.Equal) and bound == \"-1\") or (isinstance(operator, cst.LessThan) and bound == \"0\")",
-        "    return False",
+        "(cst.GreaterThan, \"-1\", True), (cst.Equal, \"-1\", False), (cst.LessThan, \"0\", False)):",
+        "(cst.GreaterThan, \"-1\", True)):",
         tests=("tests/test_research_ddp.py", "tests/test_e2e_distributed.py"),
     ),
     Mutant(

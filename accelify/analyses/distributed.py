@@ -35,7 +35,7 @@ that does not manage its own processes); refusal ACC126.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -64,7 +64,7 @@ from accelify.analyses.ranks import (
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
 from accelify.queries.blocks import enclosing_function, inside, statement_line
 from accelify.queries.devices import is_availability_check
-from accelify.queries.names import DATALOADERS, assigned_names, code_of, has_qname, qualified_names
+from accelify.queries.names import DATALOADERS, PROCESS, assigned_names, code_of, has_qname, process_target, qualified_names
 from accelify.queries.refs import Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
@@ -99,9 +99,6 @@ DDP = frozenset(
     {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 )
 
-
-#: ``multiprocessing.Process`` (torch's is the same class): a process started by hand, ``mp.spawn`` in a loop
-PROCESS = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process"})
 
 #: ZeRO stage 1 by hand: DeepSpeed's in Accelerate
 ZERO = frozenset({"torch.distributed.optim.ZeroRedundancyOptimizer",
@@ -327,7 +324,7 @@ def _gpus_counted_as_processes(facts: Facts, dist: Distributed) -> None:
         if not has_qname(facts, assign.value.func, DEVICE_COUNT) or len(assign.targets) != 1:  # type: ignore[attr-defined]
             continue
         carriers = _carriers(facts, assign.targets[0].target)  # type: ignore[attr-defined]
-        if any(division_by(facts, d) in carriers for d in _divisions(facts)):
+        if any(_division_by(facts, d) in carriers for d in _divisions(facts)):
             dist.gpu_counts |= carriers
 
 
@@ -336,7 +333,7 @@ def _divisions(facts: Facts) -> list[cst.CSTNode]:
             *findall(facts.module, m.AugAssign(operator=m.DivideAssign() | m.FloorDivideAssign()))]
 
 
-def division_by(facts: Facts, division: cst.CSTNode) -> tuple[Optional[str], str]:
+def _division_by(facts: Facts, division: cst.CSTNode) -> tuple[Optional[str], str]:
     """What ``a / b`` or ``a /= b`` divides by, as (scope key, code)."""
     return held(facts, division.right if isinstance(division, cst.BinaryOperation) else division.value)  # type: ignore[attr-defined]
 
@@ -471,20 +468,19 @@ def _process_loop(facts: Facts, dist: Distributed, call: cst.Call) -> Optional[W
             loop.target, cst.Name) or not m.matches(loop.iter, m.Call(func=m.Name("range"), args=[m.Arg(keyword=None)])):
         return call, f"{what} is not made in a `for rank in range(n):` loop that starts each process", usage
     handle = assign.targets[0].target if len(assign.targets) == 1 else None  # type: ignore[union-attr]
-    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    worker, arguments = keywords.get("target"), keywords.get("args")
-    if not isinstance(handle, cst.Name) or len(keywords) != len(call.args) or set(keywords) != {"target", "args"} or (
-            not isinstance(worker, cst.Name) or not isinstance(arguments, cst.Tuple)):
+    started = process_target(call)
+    if not isinstance(handle, cst.Name) or started is None or sorted(
+            a.keyword.value if a.keyword is not None else "" for a in call.args) != ["args", "target"]:
         return call, f"{what} is not `Process(target=worker, args=(rank, ...))`", usage
-    values = [e.value for e in arguments.elements]
+    worker, values = started
     if not values or not m.matches(values[0], m.Name(loop.target.value)):
         return call, f"{what} does not hand the worker the loop's rank first", usage
-    started = m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(handle.value), attr=m.Name("start")), args=[]))])
+    starts = m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(handle.value), attr=m.Name("start")), args=[]))])
     body = list(block.body)  # type: ignore[union-attr]
     appended = body[2] if len(body) == 3 else None
     listed = m.matches(appended, m.SimpleStatementLine(body=[m.Expr(m.Call(
         func=m.Attribute(value=m.Name(), attr=m.Name("append")), args=[m.Arg(m.Name(handle.value))]))]))
-    if body[0] is not line or not m.matches(body[1], started) or not listed:
+    if body[0] is not line or not m.matches(body[1], starts) or not listed:
         return loop, f"the loop that starts the processes does more than `{handle.value}.start()` and keep it", usage
     processes = appended.body[0].value.func.value.value  # type: ignore[union-attr]
     outer = facts.get_metadata(ParentNodeProvider, loop, None)
@@ -499,10 +495,10 @@ def _process_loop(facts: Facts, dist: Distributed, call: cst.Call) -> Optional[W
             func=m.Attribute(value=m.Name(joined.target.value), attr=m.Name("join")), args=[]))])]))
     ):
         return loop, f"the processes are not kept in a list made just before (`{processes} = []`) and joined just after", usage
-    func = facts.functions.get(worker.value)
+    func = facts.functions.get(worker)
     if func is None or func.decorators or func.params.star_arg not in (cst.MaybeSentinel.DEFAULT, None) or (
             func.params.posonly_params):
-        return call, f"{what} starts `{code_of(worker)}`, not a plain function of this file", usage
+        return call, f"{what} starts `{worker}`, not a plain function of this file", usage
     uses = [n for n in findall(facts.module, m.Name(func.name.value)) if n is not func.name and not _member_name(facts, n)]
     params = [p.name.value for p in func.params.params]
     if len(uses) != 1 or len(values) != len(params):
@@ -766,17 +762,21 @@ def plan_statement(facts: Facts, call: cst.Call) -> Optional[cst.SimpleStatement
 
 
 def _dead_setups(facts: Facts) -> set[str]:
-    """Module-level functions that set a process group up (``init_process_group``) and that nothing in the file
-    calls or names (``init_distributed_mode``, pasted with the module of helpers a spawning script imports): they
-    never run here, and go with the rest of the set-up."""
-    dead = set()
-    for name, func in facts.functions.items():
-        calls = findall(func, m.Call())
-        if any(has_qname(facts, c.func, INIT) for c in calls) and not any(  # a set-up, not a whole training
-                has_qname(facts, c.func, DDP | SAMPLERS | SPAWN | PROCESS | DATALOADERS) for c in calls) and not findall(
-                func, m.For() | m.While()) and not [n for n in findall(facts.module, m.Name(name)) if n is not func.name]:
-            dead.add(name)
-    return dead
+    """The module-level functions of the file that are :func:`dead_setup`: they go with the rest of the set-up."""
+    return {name for name, func in facts.functions.items()
+            if dead_setup(func, facts.module, lambda node: qualified_names(facts, node))}
+
+
+def dead_setup(func: cst.FunctionDef, module: cst.Module, qualified: Callable[[cst.CSTNode], set[str]]) -> bool:
+    """Does ``func`` set a process group up (``init_process_group``), build no loader, sampler, model wrapper,
+    process or loop (a set-up, not a whole training), and nothing in ``module`` call or name it
+    (``init_distributed_mode``, pasted with the module of helpers a spawning script imports)? It never runs there.
+    ``qualified``: the qualified names of a node (the analysis's, or ACC028's before it)."""
+    calls = findall(func, m.Call())
+    return any(qualified(c.func) & INIT for c in calls) and not any(  # type: ignore[attr-defined]
+        qualified(c.func) & (DDP | SAMPLERS | SPAWN | PROCESS | DATALOADERS) for c in calls  # type: ignore[attr-defined]
+    ) and not findall(func, m.For() | m.While()) and not [
+        n for n in findall(module, m.Name(func.name.value)) if n is not func.name]
 
 
 def _setup_helpers(facts: Facts, dist: Distributed) -> set[str]:
@@ -904,8 +904,9 @@ def _reduced_by_helper(facts: Facts, plan: Plan) -> bool:
         for loop in facts.loops:
             if not inside(facts, loop, {id(scope)}) or facts.line(loop) > facts.line(call):
                 continue
-            if _counted(loop) & handed and isinstance(find_gather(facts, loop, plan), Gather):
-                statement = _returned_reduction(facts, call, _counted(loop))
+            counted = _counted(loop)
+            if counted & handed and isinstance(find_gather(facts, loop, plan), Gather):
+                statement = _returned_reduction(facts, call, counted)
                 if statement is not None and plan.distributed is not None:
                     plan.distributed.remove.add(id(statement))
                     plan.distributed.gathered.add(id(statement))

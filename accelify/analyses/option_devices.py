@@ -26,7 +26,7 @@ import libcst.matchers as m
 from accelify.analyses.accelerator import Arguments
 from accelify.analyses.device_kinds import is_option_device
 from accelify.analyses.facts import Facts
-from accelify.queries.names import code_of, has_qname, string_value
+from accelify.queries.names import PROCESS, code_of, has_qname, process_target, string_value
 from accelify.queries.refs import Ref, ref_of
 from accelify.queries.walk import findall
 
@@ -86,25 +86,18 @@ def handed_on(facts: Facts, namespace: Ref) -> frozenset[Ref]:
                                   started))
 
 
-_PROCESS = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process"})
-
-
 def _started(facts: Facts) -> list[tuple[str, dict[str, cst.BaseExpression]]]:
     """The functions of the file a ``Process(target=worker, args=(...))`` starts, with the arguments it hands them
     (WZMIAOMIAO's ``Process(target=main_fun, args=(rank, world_size, opt))``): a call, in another process."""
     started = []
     for call in facts.calls:
-        if not has_qname(facts, call.func, _PROCESS):
-            continue
-        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-        target, arguments = keywords.get("target"), keywords.get("args")
-        function = facts.functions.get(target.value) if isinstance(target, cst.Name) else None
-        if function is None or not isinstance(arguments, cst.Tuple):
+        target = process_target(call) if has_qname(facts, call.func, PROCESS) else None
+        function = facts.functions.get(target[0]) if target is not None else None
+        if function is None:
             continue
         params = [p.name.value for p in function.params.params]
-        values = [e.value for e in arguments.elements]
-        if len(values) == len(params):
-            started.append((function.name.value, dict(zip(params, values))))
+        if len(target[1]) == len(params):  # type: ignore[index]
+            started.append((function.name.value, dict(zip(params, target[1]))))  # type: ignore[index]
     return started
 
 

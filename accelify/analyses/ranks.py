@@ -166,7 +166,7 @@ def launch_polarity(facts: Facts, test: cst.BaseExpression, env_reads: list[cst.
         return None if inner is None else not inner
     if launched_test(facts, test, env_reads):
         return True
-    if no_launcher_test(facts, test):
+    if local_rank_launch(facts, test) is False:
         return False
     values = facts.bound_values(test)
     if len(values) == 1 and launched_test(facts, values[0], env_reads):
@@ -188,13 +188,19 @@ def _parsed_local_rank(facts: Facts, expr: cst.BaseExpression) -> bool:
                                    for a in getattr(facts, "assigns", {}).get(ref, []))
 
 
-def no_launcher_test(facts: Facts, test: cst.BaseExpression) -> bool:
-    """``args.local_rank == -1`` (``< 0``): "was this run started without a launcher?" (the old Hugging Face
-    examples, FixMatch), ``not accelerator.use_distributed`` under Accelerate."""
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not _parsed_local_rank(facts, test.left):
-        return False
+def local_rank_launch(visitor: cst.MetadataDependent, test: cst.BaseExpression) -> Optional[bool]:
+    """``args.local_rank`` of the parsed arguments against the -1 it is without a launcher: True for "started by a
+    launcher" (``!= -1``, ``>= 0``, ``> -1``: ``accelerator.use_distributed``), False for "started without one"
+    (``== -1``, ``< 0``: the old Hugging Face examples' and FixMatch's single-process path), None for any other
+    test."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not _parsed_local_rank(visitor, test.left):  # type: ignore[arg-type]
+        return None
     operator, bound = test.comparisons[0].operator, code_of(test.comparisons[0].comparator)
-    return (isinstance(operator, cst.Equal) and bound == "-1") or (isinstance(operator, cst.LessThan) and bound == "0")
+    for kinds, value, launched in ((cst.NotEqual, "-1", True), (cst.GreaterThanEqual, "0", True),
+                                   (cst.GreaterThan, "-1", True), (cst.Equal, "-1", False), (cst.LessThan, "0", False)):
+        if isinstance(operator, kinds) and bound == value:
+            return launched
+    return None
 
 
 def kept_rank(facts: Facts, ref: Ref, assigns: list[cst.Assign],
@@ -415,10 +421,7 @@ def launched_test(facts: Facts, value: cst.BaseExpression, env_reads: list[cst.B
         return False
     target = value.comparisons[0]
     if _parsed_local_rank(facts, value.left):  # `args.local_rank != -1`: the launcher's, -1 without one
-        operator, bound = target.operator, code_of(target.comparator)
-        return (isinstance(operator, cst.NotEqual) and bound == "-1") or (
-            isinstance(operator, (cst.GreaterThanEqual, cst.GreaterThan)) and bound == ("0" if isinstance(
-                operator, cst.GreaterThanEqual) else "-1"))
+        return local_rank_launch(facts, value) is True
     if isinstance(target.operator, cst.In) and has_qname(facts, target.comparator, frozenset({"os.environ"})):
         return string_value(value.left) in ENV_RANKS  # type: ignore[arg-type]
     left = value.left

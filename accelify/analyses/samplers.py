@@ -77,8 +77,9 @@ def recognise_sampler(facts: Facts, plan: Plan, dist: Distributed, call: cst.Cal
             up = facts.get_metadata(ParentNodeProvider, use, None)
             if isinstance(up, cst.Attribute) and up.attr.value == "set_epoch":
                 continue
-            if isinstance(up, cst.Attribute) and up.attr.value == "total_size" and _counted_size(call) is not None:
-                dist.sizes[id(up)] = _counted_size(call)  # type: ignore[assignment]
+            size = _counted_size(call) if isinstance(up, cst.Attribute) and up.attr.value == "total_size" else None
+            if size is not None:
+                dist.sizes[id(up)] = size
                 continue
             if _shuffle_unless_sampler(facts, up):
                 continue  # `shuffle=(sampler is None)`: the DataLoader gets the sampler's shuffle instead

@@ -20,6 +20,8 @@ OPTIMIZER_BASES = frozenset({"torch.optim.Optimizer", "torch.optim.optimizer.Opt
 DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
 TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
+#: ``multiprocessing.Process`` (torch's is the same class): a process started by hand
+PROCESS = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process"})
 ACCELERATOR_CLASS = frozenset(
     {"accelerate.Accelerator", "accelerate.accelerator.Accelerator", "accelify.runtime.Accelerator"}
 )
@@ -148,3 +150,11 @@ WRITERS = TORCH_SAVE | frozenset({  # torch.save: what ACC009 does not save with
 })
 
 
+def process_target(call: cst.Call) -> Optional[tuple[str, list[cst.BaseExpression]]]:
+    """``Process(target=worker, args=(a, b))``: the worker's name and the arguments the process hands it; None
+    when the target is no plain name or the arguments no tuple written out."""
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    target, arguments = keywords.get("target"), keywords.get("args")
+    if not isinstance(target, cst.Name) or not isinstance(arguments, cst.Tuple):
+        return None
+    return target.value, [e.value for e in arguments.elements]
