@@ -139,6 +139,8 @@ class CountersOnDevice(AccelifyCodemod):
             if isinstance(parent, cst.AugAssign):
                 continue
             assign = self.get_metadata(ParentNodeProvider, parent, None) if isinstance(parent, cst.AssignTarget) else None
+            if isinstance(assign, cst.Assign) and self._goes(assign):
+                continue  # `sum_num = reduce_value(sum_num, average=False)` after a gather: the conversion drops it
             if not isinstance(assign, cst.Assign) or not is_hand_made(self, assign.value):
                 return None
             made.append(assign.value)
@@ -148,6 +150,11 @@ class CountersOnDevice(AccelifyCodemod):
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and is_hand_made(self, value.func.value):
             value = value.func.value  # torch.zeros(1).long(): the factory is the innermost call
         return value if isinstance(value, cst.Call) else None
+
+    def _goes(self, assign: cst.Assign) -> bool:
+        """Is ``assign`` a statement the distributed conversion removes (ACC018)?"""
+        dist = self.plan.distributed
+        return dist is not None and id(self.get_metadata(ParentNodeProvider, assign, None)) in dist.remove
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         accelerator = self._factories.get(id(original_node))

@@ -628,6 +628,13 @@ MUTANTS = [
         tests=("tests/test_research_ddp.py",),
     ),
     Mutant(
+        "counter-left-on-host", "a counter reduced by a dropped helper line stays on the host (fails on a GPU)",
+        "codemods/counters.py",
+        "            if isinstance(assign, cst.Assign) and self._goes(assign):",
+        "            if False:",
+        tests=("tests/test_e2e_distributed.py",),
+    ),
+    Mutant(
         "numpy-gathered", "NumPy arrays handed to gather_for_metrics (it fails on several processes)",
         "accelify/analyses/gathers.py",
         "    if inline is None and _on_the_host(rows[:at], set(gathered)):",

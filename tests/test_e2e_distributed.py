@@ -44,6 +44,8 @@ CASES = {
     "ddp_two_path_runnable": ("torchrun", 8, 16),
     # WZMIAOMIAO's `Process` per rank, started and joined in loops (mp.spawn by hand)
     "ddp_process_loop_runnable": ("spawn", 8, 16),
+    # WZMIAOMIAO's launched example: counts summed by a helper of the file, divided by the sampler's total_size
+    "ddp_helper_reduced_runnable": ("torchrun", 8, 16),
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 
