@@ -122,6 +122,8 @@ class AccelifyCodemod(cst.CSTTransformer):
         self.metadata = shared.metadata  # resolved once, on the original tree
         self.changes: list[Change] = []
         self.findings: list[RawFinding] = []
+        #: the findings that cost the whole conversion (``refuse``), each also in ``findings``
+        self.refusals: list[RawFinding] = []
         self.refused = False
         self._touched: list[bool] = []  # one per enclosing statement: did this codemod strip something in it?
 
@@ -194,6 +196,7 @@ class AccelifyCodemod(cst.CSTTransformer):
         """A finding that costs the whole conversion: what this codemod met cannot be left as it is
         in a converted file, so the pipeline returns the file unchanged with the findings."""
         self.finding(node, code, message, suggestion)
+        self.refusals.append(self.findings[-1])
         self.refused = True
 
     def accelerator_at(self, node: cst.CSTNode) -> Optional[str]:

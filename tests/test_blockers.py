@@ -101,3 +101,92 @@ def test_no_finding_from_an_analysis_that_depends_on_the_refused_one() -> None:
     )
     found = codes(source)
     assert ("ACC107" in {code for _, code in found}) and "ACC121" not in {code for _, code in found}
+
+
+SAVED_BY_A_CALLBACK = """\
+
+
+class EarlyStopping:
+    def __init__(self, path="checkpoint.pt"):
+        self.path = path
+
+    def __call__(self, model):
+        torch.save(model.state_dict(), self.path)
+
+
+def clip(model):
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)
+    model = torch.nn.Linear(4, 2).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stop = EarlyStopping()
+{amp}    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = ((model(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+{backward}
+        clip(model)
+        optimizer.step()
+    stop(model)
+
+
+main()
+"""
+APEX = (
+    "    model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n",
+    "        with amp.scale_loss(loss, optimizer) as scaled:\n            scaled.backward()",
+)
+
+
+def test_what_the_conversion_would_refuse_is_named_beside_a_check_that_refused() -> None:
+    """apex (ACC145) is a check of the analysis that builds nothing: the plan is whole, so the codemods
+    are still asked, and the state dict saved by a callback handed the model (ACC128) and the clipping
+    in a helper out of the Accelerator's reach (ACC110) are named too. Before, only ACC145 was."""
+    source = HEAD + "from apex import amp\n" + SAVED_BY_A_CALLBACK.format(amp=APEX[0], backward=APEX[1])
+    found = codes(source)
+    assert {code for _, code in found} == {"ACC145", "ACC128", "ACC110"}
+    lines = source.splitlines()
+    for line, code in found:  # each at the construct it names
+        expected = {"ACC145": "amp.initialize", "ACC128": "torch.save", "ACC110": "clip_grad_norm_"}[code]
+        assert expected in lines[line - 1], (code, lines[line - 1])
+
+
+def test_every_codemod_that_refuses_is_named_not_only_the_first() -> None:
+    """Without apex the analysis passes, and two codemods refuse: both are named (before, the findings
+    stopped at the first codemod that refused, in the codemods' order)."""
+    source = HEAD + SAVED_BY_A_CALLBACK.format(amp="", backward="        loss.backward()")
+    assert {code for _, code in codes(source)} == {"ACC128", "ACC110"}
+    clip_helper = "def clip(model):\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n\n\n"
+    without_clip = source.replace(clip_helper, "").replace("        clip(model)\n", "")
+    assert {code for _, code in codes(without_clip)} == {"ACC128"}
+    callback = source[source.index("class EarlyStopping"):source.index(clip_helper)]
+    without_callback = source.replace(callback, "").replace("    stop = EarlyStopping()\n", "").replace(
+        "    stop(model)\n", "")
+    assert {code for _, code in codes(without_callback)} == {"ACC110"}
+
+
+def test_two_checks_that_build_nothing_are_both_named() -> None:
+    """A sampler read back (ACC130) and apex (ACC145): each check runs whatever the other found (before,
+    the sampler check ended the analysis and apex was not named)."""
+    source = (
+        "import torch\nfrom apex import amp\nfrom torch.utils.data import DataLoader, SubsetRandomSampler\n\n"
+        "sampler = SubsetRandomSampler(list(range(80)), generator=torch.Generator().manual_seed(0))\n"
+        "loader = DataLoader(dataset, batch_size=8, sampler=sampler)\n"
+        "model = Net()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model, optimizer = amp.initialize(model, optimizer)\n"
+        "total = 0.0\n"
+        "for x, y in loader:\n"
+        "    loss = criterion(model(x), y)\n"
+        "    optimizer.zero_grad()\n"
+        "    with amp.scale_loss(loss, optimizer) as scaled:\n"
+        "        scaled.backward()\n"
+        "    optimizer.step()\n"
+        "    total += loss.item() * x.size(0)\n"
+        "print(total / len(loader.sampler))\n"
+    )
+    assert codes(source) == [(9, "ACC145"), (18, "ACC130")]

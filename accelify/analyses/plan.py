@@ -55,6 +55,10 @@ from accelify.queries.refs import MODULE, Ref
 @dataclass
 class Plan:
     convertible: bool = False
+    #: every analysis ran, and only checks that build nothing refused the file (``apex``, a sampler of its
+    #: own): the plan is whole, so the codemods can still be asked what they would refuse (every blocker
+    #: of the file is reported, not only the analysis's)
+    complete: bool = False
     #: key of the scope that builds the objects: "<module>", "main", "Trainer.__init__"
     setup: str = MODULE
     #: top-level functions and classes of other modules, analysed with this one as one program
@@ -350,26 +354,22 @@ def _decide(facts: Facts) -> Plan:
         return plan
     plan.handed_away = unwrapping.handed_away(facts, plan) if not plan.evaluation else set()
     helpers.needs_accelerator(facts, plan)
-    if not handed.reachable(facts, plan):
-        return plan
-    if not hazards.backwards_in_reach(facts, plan):
-        return plan
-    if not data.training_data(facts, plan) or not data.rebound_loaders(facts, plan) or not helpers.mixed_loaders(
-            facts, plan) or not data.loops_through_wrappers(facts, plan):
-        return plan
-    if not samplers.own_samplers(facts, plan):
-        return plan
-    apex_free = mixed_precision.apex(facts, plan)  # (the blockers after it are named too)
+    # The checks from here on build nothing the codemods read: each runs whatever the others found, so
+    # that a file left unchanged is reported with every construct that blocks it.
+    passed = [check(facts, plan) for check in (
+        handed.reachable, hazards.backwards_in_reach, data.training_data, data.rebound_loaders,
+        helpers.mixed_loaders, data.loops_through_wrappers, samplers.own_samplers, mixed_precision.apex)]
     if not plan.evaluation:
         wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
         mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)
         gradient_accumulation.decide(facts, plan, wrapped, scheduler_calls, arguments)
-    if not hazards.multi_process(facts, plan) or not apex_free:
-        return plan
+    passed.append(hazards.multi_process(facts, plan))
     unused_parameters.decide(facts, plan)
     plan.foreign_writers = foreign_writers(facts)
-    plan.convertible = True
-    plan.findings.extend(plan.conversion_notes)
+    plan.complete = True
+    plan.convertible = all(passed)
+    if plan.convertible:
+        plan.findings.extend(plan.conversion_notes)
     return plan
 
 

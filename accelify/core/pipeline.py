@@ -309,6 +309,38 @@ def _report_only(options: Options) -> bool:
     return options.select is not None and not options.select
 
 
+def _run_codemods(module: cst.Module, context: CodemodContext, plan, source: str, options: Options):
+    """Every codemod that applies, in one traversal: (the codemods, their shared state, the rewritten tree)."""
+    shared = Shared(context.wrapper)
+    codemods = []
+    for codemod_class in gather_codemods():
+        if options.select is not None and codemod_class.CODE not in options.select and not _report_only(options):
+            continue
+        if not codemod_class.applies(plan, source):
+            continue
+        codemod = codemod_class(context, plan, shared)
+        shared.codemods[codemod_class.CODE] = codemod
+        codemods.append(codemod)
+    module = module.visit(Composite(codemods, shared, frozenset(plan_names(plan))))  # every codemod, one traversal
+    for codemod in codemods:
+        codemod.finished()
+    return codemods, shared, module
+
+
+def _codemod_refusals(module: cst.Module, context: CodemodContext, plan, source: str, options: Options) -> list:
+    """What the codemods would refuse in a file an analysis check refused (the rewrite is thrown away).
+    The plan is whole (``plan.complete``), so the codemods run on it as on a file that converts; should
+    one still fail, the file is reported with the analysis's reasons alone (``ACCELIFY_STRICT`` set, as
+    in the test suite: the error is raised)."""
+    try:
+        codemods, _, _ = _run_codemods(module, replace(context, scratch={}), plan, source, options)
+    except Exception:
+        if os.environ.get("ACCELIFY_STRICT"):
+            raise
+        return []
+    return [f for c in codemods for f in c.refusals]
+
+
 def _convert(module: cst.Module, source: str, path: str, options: Options, elsewhere: frozenset = frozenset()) -> Result:
     wrapper = resolve(module)  # metadata once, on the tree as written
     context = CodemodContext(filename=path, full_module_name=None, full_package_name=None, wrapper=wrapper)
@@ -322,31 +354,24 @@ def _convert(module: cst.Module, source: str, path: str, options: Options, elsew
         return Finding(path, raw.line, raw.column, raw.code, raw.message, raw.suggestion)
 
     findings = [place(f) for f in plan.findings]
-    if not plan.convertible:
+    if not plan.convertible and not plan.complete:
         return Result(path, source, source, findings=sorted(findings))
+    if not plan.convertible:
+        # refused by a check that builds nothing: what the codemods would refuse is named too
+        refusals = _codemod_refusals(module, context, plan, source, options)
+        return Result(path, source, source, findings=sorted(findings + [place(f) for f in refusals]))
 
-    shared = Shared(wrapper)
-    codemods = []
-    for codemod_class in gather_codemods():
-        if options.select is not None and codemod_class.CODE not in options.select and not _report_only(options):
-            continue
-        if not codemod_class.applies(plan, source):
-            continue
-        codemod = codemod_class(context, plan, shared)
-        shared.codemods[codemod_class.CODE] = codemod
-        codemods.append(codemod)
-
-    module = module.visit(Composite(codemods, shared, frozenset(plan_names(plan))))  # every codemod, one traversal
-    for codemod in codemods:
-        codemod.finished()
+    codemods, shared, module = _run_codemods(module, context, plan, source, options)
     refusing = next((i for i, c in enumerate(codemods) if c.refused), None)
     if refusing is not None:
-        # what the codemods before it (in their order) and it found: the reasons the file stays as it is
-        # (not what a conversion would have done: ACC136's "it is now `accelerator.device`")
+        # what the codemods before it (in their order) and it found, and what each later one refuses: the
+        # reasons the file stays as it is (not what a conversion would have done: ACC136's "it is now
+        # `accelerator.device`")
         notes = {id(n) for n in plan.conversion_notes}
         kept = [place(f) for f in plan.findings if id(f) not in notes]
         return Result(path, source, source, findings=sorted(
-            kept + [place(f) for c in codemods[: refusing + 1] for f in c.findings]))
+            kept + [place(f) for c in codemods[: refusing + 1] for f in c.findings]
+            + [place(f) for c in codemods[refusing + 1:] for f in c.refusals]))
     accelerator = shared.codemod("ACC001")
     if accelerator is not None:
         module = accelerator.place(module)  # type: ignore[attr-defined]
