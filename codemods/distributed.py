@@ -232,7 +232,18 @@ class Distributed(AccelifyCodemod):
         self.refuse(original, "ACC126", f"`{code}` (a rank or a collective of the launch) is in {place}, which "
                     "cannot reach the Accelerator (created where the training objects are); file not converted.",
                     f"create the Accelerator before {place} uses it, or pass it the accelerator")
+        # one finding for `args.local_rank != -1`, not one more for the `args.local_rank` inside it (left first)
+        refused = self.__dict__.setdefault("_unreachable_refused", [])
+        inner = [f for node, f in refused if self._within(node, original)]
+        self.findings = [f for f in self.findings if all(f is not i for i in inner)]
+        self.refusals = [f for f in self.refusals if all(f is not i for i in inner)]
+        refused.append((original, self.findings[-1]))
         return updated
+
+    def _within(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+        while node is not None and node is not outer:
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return node is outer
 
     def _in_removed_helper(self, node: cst.CSTNode) -> bool:
         """Inside ``ddp_setup()``/``cleanup()``, which go whole."""

@@ -362,16 +362,13 @@ def _convert(module: cst.Module, source: str, path: str, options: Options, elsew
         return Result(path, source, source, findings=sorted(findings + [place(f) for f in refusals]))
 
     codemods, shared, module = _run_codemods(module, context, plan, source, options)
-    refusing = next((i for i, c in enumerate(codemods) if c.refused), None)
-    if refusing is not None:
-        # what the codemods before it (in their order) and it found, and what each later one refuses: the
-        # reasons the file stays as it is (not what a conversion would have done: ACC136's "it is now
-        # `accelerator.device`")
+    if any(c.refused for c in codemods):
+        # what every codemod refuses: the reasons the file stays as it is (not what a conversion would have
+        # done, the analysis's or a codemod's: ACC136's "it is now `accelerator.device`", ACC143's "is now
+        # `accelerator.num_processes`")
         notes = {id(n) for n in plan.conversion_notes}
         kept = [place(f) for f in plan.findings if id(f) not in notes]
-        return Result(path, source, source, findings=sorted(
-            kept + [place(f) for c in codemods[: refusing + 1] for f in c.findings]
-            + [place(f) for c in codemods[refusing + 1:] for f in c.refusals]))
+        return Result(path, source, source, findings=sorted(kept + [place(f) for c in codemods for f in c.refusals]))
     accelerator = shared.codemod("ACC001")
     if accelerator is not None:
         module = accelerator.place(module)  # type: ignore[attr-defined]
