@@ -190,3 +190,62 @@ def test_two_checks_that_build_nothing_are_both_named() -> None:
         "print(total / len(loader.sampler))\n"
     )
     assert codes(source) == [(9, "ACC145"), (18, "ACC130")]
+
+
+EMA_EVALUATED = """\
+import copy
+import os
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def evaluate(loader, net):
+    correct = 0
+    for x, y in loader:
+        out = net(x)
+        correct += (out.argmax(1) == y).sum().item()
+    return correct
+
+
+model = torch.nn.Linear(4, 3)
+ema = copy.deepcopy(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,))), batch_size=2)
+test_loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,))), batch_size=2)
+for x, y in train_loader:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.mul_(0.9).add_(p, alpha=0.1)
+print(evaluate(test_loader, ema))
+"""
+
+
+def test_an_evaluation_of_a_model_accelify_does_not_follow_names_the_call() -> None:
+    """FixMatch evaluates its EMA copy (`test(args, test_loader, ema_model.ema, epoch)`): the loop has an
+    `outputs = model(inputs)` line, of a model accelify does not follow. The finding said there was no such
+    line, which was false; it names the call now."""
+    result = pipeline.convert_source(EMA_EVALUATED, "train.py")
+    assert result.output == EMA_EVALUATED
+    [finding] = result.findings
+    assert (finding.line, finding.code) == (10, "ACC114")
+    assert "the outputs of `net(x)`, which accelify does not follow to a prepared model" in finding.message
+
+
+def test_an_evaluation_on_the_main_process_only_is_named_even_when_no_gather_could_be_made() -> None:
+    """FixMatch runs `test(...)` under `if args.local_rank in [-1, 0]:`: on the main process only, over a
+    loader `prepare` would shard. That is the blocker to name (once for the loop, not once more for the
+    gather the codemod could not make there)."""
+    source = EMA_EVALUATED.replace("print(evaluate(test_loader, ema))\n",
+                                   "if dist.get_rank() == 0:\n    print(evaluate(test_loader, ema))\n").replace(
+        "import torch\n", "import torch\nimport torch.distributed as dist\n").replace(
+        "model = torch.nn.Linear(4, 3)\n", 'dist.init_process_group("gloo")\nmodel = torch.nn.Linear(4, 3)\n')
+    result = pipeline.convert_source(source, "train.py")
+    assert result.output == source
+    [finding] = result.findings
+    assert (finding.line, finding.code) == (11, "ACC114")
+    assert finding.message.startswith("this evaluation runs on the main process only")

@@ -194,6 +194,20 @@ def _reads(stmt: cst.CSTNode) -> set[str]:
     return {n.value for n in findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
 
+def _unfollowed_model_call(rows, derived: set, metric: cst.CSTNode) -> Optional[str]:
+    """The call, as code (``model(inputs)``), whose result the loop's first metric reads: ``outputs = f(...)``
+    handed what the batch holds (a model accelify does not follow, or it would be the model's call)."""
+    read = _reads(metric)
+    for _, stmt in rows:
+        if stmt is metric:
+            break
+        assign = simple_assign(stmt)
+        value = _model_call(assign.value) if assign is not None else None
+        if isinstance(value, cst.Call) and _targets(assign) & read and any(_reads(a.value) & derived for a in value.args):
+            return cst.Module(body=[]).code_for_node(value)
+    return None
+
+
 def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Union[Gather, Refusal, str, None]:
     """An evaluation loop over a prepared dataloader whose metrics read the model's outputs.
 
@@ -250,6 +264,11 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
             inline, call_at, at = hoisted  # ODE-Net's `np.argmax(model(x).cpu().numpy(), 1)`, labels made NumPy first
         elif len(calls) != 1:
             if call_at is None:
+                unfollowed = _unfollowed_model_call(rows, derived, rows[metrics[0]][1])
+                if unfollowed is not None:  # FixMatch's `test(args, test_loader, ema_model.ema, epoch)`
+                    return (f"they read the batch and the outputs of `{unfollowed}`, which accelify does not follow "
+                            "to a prepared model (it is not the model the script trains, or not only), so it has no "
+                            "outputs it can gather")
                 return "they read the batch, but no `output = model(...)` line gives accelify the outputs to gather"
             return "a metric reads the batch before the model's outputs exist, so no one gather can pair them"
         else:

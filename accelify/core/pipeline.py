@@ -309,6 +309,18 @@ def _report_only(options: Options) -> bool:
     return options.select is not None and not options.select
 
 
+def _one_per_construct(findings: list[Finding]) -> list[Finding]:
+    """The reasons a file stays as it is, sorted, one per construct (its position) and code: the analysis's
+    first (an evaluation on the main process only), not the codemod's view of the same loop after it."""
+    seen: set[tuple[int, int, str]] = set()
+    kept = []
+    for finding in findings:
+        if (finding.line, finding.column, finding.code) not in seen:
+            seen.add((finding.line, finding.column, finding.code))
+            kept.append(finding)
+    return sorted(kept)
+
+
 def _run_codemods(module: cst.Module, context: CodemodContext, plan, source: str, options: Options):
     """Every codemod that applies, in one traversal: (the codemods, their shared state, the rewritten tree)."""
     shared = Shared(context.wrapper)
@@ -359,7 +371,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options, elsew
     if not plan.convertible:
         # refused by a check that builds nothing: what the codemods would refuse is named too
         refusals = _codemod_refusals(module, context, plan, source, options)
-        return Result(path, source, source, findings=sorted(findings + [place(f) for f in refusals]))
+        return Result(path, source, source, findings=_one_per_construct(findings + [place(f) for f in refusals]))
 
     codemods, shared, module = _run_codemods(module, context, plan, source, options)
     if any(c.refused for c in codemods):
@@ -368,7 +380,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options, elsew
         # `accelerator.num_processes`")
         notes = {id(n) for n in plan.conversion_notes}
         kept = [place(f) for f in plan.findings if id(f) not in notes]
-        return Result(path, source, source, findings=sorted(kept + [place(f) for c in codemods for f in c.refusals]))
+        return Result(path, source, source, findings=_one_per_construct(kept + [place(f) for c in codemods for f in c.refusals]))
     accelerator = shared.codemod("ACC001")
     if accelerator is not None:
         module = accelerator.place(module)  # type: ignore[attr-defined]

@@ -11,7 +11,8 @@ over the GPU count, or a ``Process`` loop) or ``python -m torch.distributed.laun
 - ``--converted`` converts the script (``accelify convert``) into the scratch folder and runs it as
   ``accelerate launch`` would: ``torchrun --nproc_per_node N`` with ``ACCELERATE_USE_CPU=1``, under the
   tracing hook with the device and side-effect checks on (``ACCELIFY_CHECKS=device,effects``);
-  ``--plain`` runs it as ``python NAME.py ARGS`` instead (one process, no launcher).
+  ``--plain`` runs it as ``python NAME.py ARGS`` instead (one process, no launcher). ``$ACCELIFY_BIN``:
+  the ``accelify`` command that converts (another checkout's, to validate a version while working on one).
 
 Each run happens in a scratch copy of SET; each rank's output is printed after the run.
 Validation tooling: nothing here is a test.
@@ -65,7 +66,8 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "ACCELIFY_"))}
     env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", PATH=f"{BIN}:{env.get('PATH', '')}")
     if options.converted:
-        converted = subprocess.run([str(BIN / "accelify"), "convert", "--in-place", script.name], cwd=work,
+        converter = os.environ.get("ACCELIFY_BIN", str(BIN / "accelify"))  # another version's, to validate it
+        converted = subprocess.run([converter, "convert", "--in-place", script.name], cwd=work,
                                    capture_output=True, text=True)
         print(converted.stdout[-3000:], converted.stderr[-3000:])
         if (work / script.name).read_text() == script.read_text():
