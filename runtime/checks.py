@@ -315,8 +315,8 @@ def install_device_check(on_error: Optional[Callable[[dict[str, Any]], None]] = 
                 return moved(func, args, kwargs, _on_device(args[1]))  # the other's type, its device included
             if name == "cpu":
                 return moved(func, args, kwargs, False)
-            if name == "cuda":
-                return moved(func, args, kwargs, True)
+            if name == "cuda":  # onto the device (the host): torch's own `.cuda()` needs a CUDA driver
+                return moved(lambda tensor, *_, **__: tensor, args[:1], {}, True)
             if name in ("numpy", "__array__") and args and isinstance(args[0], Tensor) and _on_device(args[0]):
                 fail(name, args[0], sys._getframe(1), "", numpy=True)
             device_hit = host_hit = None
@@ -349,6 +349,8 @@ def install_device_check(on_error: Optional[Callable[[dict[str, Any]], None]] = 
         if name == "__get__":
             if field == "device" and isinstance(self, Tensor) and _on_device(self):
                 return device
+            if field == "is_cuda" and isinstance(self, Tensor) and _on_device(self):
+                return True  # (PointNet's `if x.is_cuda:` branches)
             out = func(*args, **kwargs)
             if field in ("grad", "data", "real", "imag", "T", "mT", "H", "mH") and isinstance(out, Tensor) \
                     and isinstance(self, Tensor) and _on_device(self):

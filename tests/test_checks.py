@@ -143,6 +143,19 @@ def test_a_module_moved_with_to_has_its_parameters_placed_in_place(check):
     model(torch.ones(1, 2))  # all on the host again
 
 
+def test_cuda_moves_onto_the_device_without_a_gpu_and_a_host_input_still_fails(check):
+    """`.cuda()` of a tensor or a module is the accelerator's device, as on a GPU: torch's own `.cuda()` raises
+    on this machine (CPU build: "not compiled with CUDA"; CUDA build: "no NVIDIA driver"), so it ran no script
+    written for a GPU (SimCLR, PointNet, StyleGAN)."""
+    model = torch.nn.Linear(2, 2).cuda()
+    x = torch.ones(3, 2).cuda(non_blocking=True)
+    assert on_device(model.weight) and on_device(x) and x.is_cuda
+    assert not torch.ones(1).is_cuda
+    model(x)
+    with pytest.raises(DeviceMismatch):
+        model(torch.ones(3, 2))
+
+
 def test_outside_the_check_nothing_is_marked():
     assert not is_emulated_device(torch.ones(2).to(DEVICE).device)
 
