@@ -140,12 +140,37 @@ class MainProcessFiles(AccelifyCodemod):
         if not call.args:
             return False
         parts: list[cst.CSTNode] = [call.args[0].value]
-        for name in findall(call.args[0].value, m.Name()):
-            parts += [v for v in assigned_values(self, name) if v is not None]  # type: ignore[arg-type]
+        target = call.args[0].value
+        if isinstance(target, cst.Name):  # `np.save(f, ...)` in `with open(f"{path}.part-{os.getpid()}", "wb") as f:`
+            opened = self._opened_path(call, target.value)
+            if opened is not None:
+                parts.append(opened)
+        for part in list(parts):
+            for name in findall(part, m.Name()):
+                parts += [v for v in assigned_values(self, name) if v is not None]  # type: ignore[arg-type]
         for part in parts:
             if any(re.search(r"rank|pid|process|worker", n.value, re.IGNORECASE) for n in findall(part, m.Name())):
                 return True
         return False
+
+    def _into_an_open_file(self, call: cst.Call) -> bool:
+        """``np.save(f, array)`` inside ``with open(path, "wb") as f:``: every process opens (and truncates) the
+        file, so the write alone on the main process would leave the others' empty; it stays as written."""
+        target = call.args[0].value if call.args else None
+        return isinstance(target, cst.Name) and self._opened_path(call, target.value) is not None
+
+    def _opened_path(self, node: cst.CSTNode, handle: str) -> Optional[cst.BaseExpression]:
+        """The path of the ``with open(path, ...) as handle:`` around ``node``, or None."""
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None:
+            if isinstance(parent, cst.With):
+                for item in parent.items:
+                    if (isinstance(item.item, cst.Call) and item.item.args and item.asname is not None
+                            and m.matches(item.asname.name, m.Name(handle)) and "open" in qualified_names(self, item.item.func)
+                            | {getattr(item.item.func, "value", "")}):
+                        return item.item.args[0].value
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+        return None
 
     def _made_by(self, name: cst.Name, packages: tuple[str, ...]) -> bool:
         """Is ``name`` bound only to what a call of one of ``packages`` returns
@@ -164,7 +189,7 @@ class MainProcessFiles(AccelifyCodemod):
             return updated
         if self._writer(original_node) and not under_main_process_check(self, original_node) and not (
             self._per_process_path(original_node.body[0].value)  # type: ignore[attr-defined]
-        ):
+        ) and not self._into_an_open_file(original_node.body[0].value):  # type: ignore[attr-defined]
             accelerator = self.accelerator_at(original_node)
             if accelerator is None:
                 return updated

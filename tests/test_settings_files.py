@@ -125,3 +125,19 @@ def test_a_settings_file_written_in_the_training_loop_is_left_with_acc127() -> N
     result = pipeline.convert_source(text, "train.py")
     assert any(f.code == "ACC127" for f in result.findings)
     assert "is_main_process" not in result.output.split("opt.step()")[1]
+
+
+def test_a_write_into_a_file_opened_per_process_stays_on_every_process() -> None:
+    """build-nanoGPT's synthetic shards (the validation set's patch, an atomic write as real code does it):
+    `with open(f"{path}.part-{os.getpid()}", "wb") as f: np.save(f, array)` then `os.replace(...)`. Every process
+    writes its own temporary file; guarding `np.save(f, ...)` alone left the other processes to rename an empty
+    file over the shard (rank 1 read "No data left in file")."""
+    write = ('tmp = os.path.join(args.out, f".part-{os.getpid()}")\nwith open(tmp, "wb") as f:\n'
+             '    np.save(f, np.zeros(4))\nos.replace(tmp, os.path.join(args.out, "shard.npy"))')
+    result = pipeline.convert_source("import numpy as np\n" + SCRIPT.format(write=write, before=""), "train.py")
+    assert result.changed
+    assert not guarded(result, "np.save(f, np.zeros(4))")
+    # one file every process opens: guarded alone, the write would leave the file the others truncate empty
+    shared = write.replace('f".part-{os.getpid()}"', '".part"')
+    result = pipeline.convert_source("import numpy as np\n" + SCRIPT.format(write=shared, before=""), "train.py")
+    assert not guarded(result, "np.save(f, np.zeros(4))")
