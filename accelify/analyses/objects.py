@@ -475,6 +475,15 @@ def _scheduler_like(names: set[str]) -> bool:
     return any(_SCHEDULER_NAME.search(n) for n in last)
 
 
+def _trainer_class(facts: Facts, name: str) -> bool:
+    """A class of the program with a method that trains (BYOL's ``BYOLTrainer``, handed the optimizer): it
+    runs the training itself, it does not wrap the optimizer's step."""
+    for stmt in facts.module.body:
+        if isinstance(stmt, cst.ClassDef) and stmt.name.value == name:
+            return any(isinstance(f, cst.FunctionDef) and f.name.value in facts.trainers for f in stmt.body.body)
+    return False
+
+
 def optimizer_wrappers(
     facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]], optimizers: Optimizers
 ) -> bool:
@@ -499,8 +508,8 @@ def optimizer_wrappers(
             value = assign.value
             if ref in optimizers or not isinstance(value, cst.Call) or facts.single_target(assign) != ref:
                 continue
-            if isinstance(value.func, cst.Name) and value.func.value in facts.trainers:
-                continue  # `loss = train(optimizer, model, loader)`: a function that trains wraps nothing
+            if isinstance(value.func, cst.Name) and (value.func.value in facts.trainers or _trainer_class(facts, value.func.value)):
+                continue  # `loss = train(optimizer, model, loader)`, `BYOLTrainer(optimizer=optimizer, ...)`: it trains
             if _takes_optimizer(facts, value, set(optimizers)) and not is_scheduler(facts, value, set(optimizers)):
                 if not m.matches(value.func, m.Attribute(attr=m.Name("prepare"))):
                     wrappers.append(assign)
