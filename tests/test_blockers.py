@@ -293,3 +293,14 @@ def test_a_trainer_class_handed_the_optimizer_is_no_optimizer_wrapper() -> None:
     result = pipeline.convert_source(BYOL_SHAPE, "train.py")
     assert result.output == BYOL_SHAPE
     assert result.findings and "ACC118" not in {f.code for f in result.findings}, result.findings
+
+
+def test_the_unfollowed_call_is_found_through_what_is_computed_from_it_and_no_library_call_is_named() -> None:
+    """PointNet: `pred, _ = classifier(points)`, `pred_choice = pred.data.max(1)[1]`, then the metric reads
+    `pred_choice`; a loss computed on the way (`torch.nn.functional...`) is no model."""
+    source = EMA_EVALUATED.replace(
+        "        out = net(x)\n        correct += (out.argmax(1) == y).sum().item()\n",
+        "        out, _ = net(x)\n        probs = torch.softmax(out, 1)\n"
+        "        choice = probs.max(1)[1]\n        correct += (choice == y).sum().item()\n")
+    [finding] = pipeline.convert_source(source, "train.py").findings
+    assert "the outputs of `net(x)`" in finding.message, finding.message

@@ -194,18 +194,29 @@ def _reads(stmt: cst.CSTNode) -> set[str]:
     return {n.value for n in findall(stmt, m.Name())}  # type: ignore[attr-defined]
 
 
-def _unfollowed_model_call(rows, derived: set, metric: cst.CSTNode) -> Optional[str]:
-    """The call, as code (``model(inputs)``), whose result the loop's first metric reads: ``outputs = f(...)``
-    handed what the batch holds (a model accelify does not follow, or it would be the model's call)."""
-    read = _reads(metric)
+_LIBRARIES = ("torch.", "numpy.", "builtins.", "math.", "scipy.", "sklearn.")
+
+
+def _unfollowed_model_call(visitor: cst.MetadataDependent, rows, derived: set, metric: cst.CSTNode) -> Optional[str]:
+    """The call, as code (``model(inputs)``), whose result the loop's first metric reads (directly or through
+    what is computed from it: PointNet's ``pred, _ = classifier(points)``, then ``pred_choice = pred.max(1)[1]``):
+    ``outputs = f(...)`` handed what the batch holds, of a model accelify does not follow."""
+    calls: dict[str, set[str]] = {}  # call's code -> the names computed from its result
     for _, stmt in rows:
         if stmt is metric:
             break
         assign = simple_assign(stmt)
-        value = _model_call(assign.value) if assign is not None else None
-        if isinstance(value, cst.Call) and _targets(assign) & read and any(_reads(a.value) & derived for a in value.args):
-            return cst.Module(body=[]).code_for_node(value)
-    return None
+        if assign is None:
+            continue
+        value, read, targets = _model_call(assign.value), _reads(assign.value), _targets(assign)
+        for names in calls.values():
+            if read & names:
+                names |= targets
+        if isinstance(value, cst.Call) and any(_reads(a.value) & derived for a in value.args) and not any(
+                n.startswith(_LIBRARIES) for n in qualified_names(visitor, value.func)):  # (a loss, `torch.sigmoid`)
+            calls.setdefault(cst.Module(body=[]).code_for_node(value), set()).update(targets)
+    used = _reads(metric)
+    return next((code for code, names in calls.items() if names & used), None)
 
 
 def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Union[Gather, Refusal, str, None]:
@@ -264,7 +275,7 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
             inline, call_at, at = hoisted  # ODE-Net's `np.argmax(model(x).cpu().numpy(), 1)`, labels made NumPy first
         elif len(calls) != 1:
             if call_at is None:
-                unfollowed = _unfollowed_model_call(rows, derived, rows[metrics[0]][1])
+                unfollowed = _unfollowed_model_call(visitor, rows, derived, rows[metrics[0]][1])
                 if unfollowed is not None:  # FixMatch's `test(args, test_loader, ema_model.ema, epoch)`
                     return (f"they read the batch and the outputs of `{unfollowed}`, which accelify does not follow "
                             "to a prepared model (it is not the model the script trains, or not only), so it has no "
