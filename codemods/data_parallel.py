@@ -199,6 +199,14 @@ class DataParallel(AccelifyCodemod):
                 self.change(original_node, "launch test removed: `unwrap_model` works with or without a wrapper")
                 return updated_node.body
             return updated_node
+        body = original_node.body
+        if (m.matches(body, m.Attribute(attr=m.Name("module"))) and ref_of(self, original_node.orelse) in self.wrapped
+                and ref_of(self, body.value) == ref_of(self, original_node.orelse)  # type: ignore[attr-defined]
+                and not findall(test, m.Call()) and "unwrap_model(" in cst.Module(body=[]).code_for_node(updated_node.body)):
+            # `model.module if args.cuda else model` (the condition the script wrapped under, kws's DataParallel):
+            # the prepared model is wrapped whatever it says, and `unwrap_model` gives the plain model either way
+            self.change(original_node, "wrapper condition removed: `unwrap_model` works with or without a wrapper")
+            return updated_node.body
         if not (isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and len(test.args) == 2):
             return updated_node
         subject = ref_of(self, test.args[0].value)

@@ -106,3 +106,56 @@ def test_outputs_made_numpy_with_no_one_model_call_to_take_them_from_are_refused
     result = convert(source, "train.py")
     assert result.output == source
     assert [f.code for f in result.findings] == ["ACC114"]
+
+
+KWS = dedent('''\
+    import argparse
+
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cuda", action="store_true")
+    args = parser.parse_args()
+
+    train_loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 3, (16,))), batch_size=4, shuffle=True)
+    test_loader = DataLoader(TensorDataset(torch.randn(10, 4), torch.randint(0, 3, (10,))), batch_size=4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LogSoftmax(dim=1))
+    if args.cuda:
+        model = torch.nn.DataParallel(model).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for data, target in train_loader:
+        if args.cuda:
+            data, target = data.cuda(), target.cuda()
+        optimizer.zero_grad()
+        loss = F.nll_loss(model(data), target)
+        loss.backward()
+        optimizer.step()
+    correct = 0
+    for data, target in test_loader:
+        if args.cuda:
+            data, target = data.cuda(), target.cuda()
+        output = model(data)
+        pred = output.data.max(1, keepdim=True)[1]
+        correct += pred.eq(target.data.view_as(pred)).cpu().sum()
+    print(correct)
+    state = {"net": model.module if args.cuda else model}
+    torch.save(state, "ckpt.t7")
+''')
+
+
+def test_the_batch_is_not_gathered_for_an_attribute_that_shares_its_name():
+    """GCommandsPytorch's `pred.eq(target.data.view_as(pred))`: `.data` is an attribute, not the batch `data`,
+    which was gathered along with the outputs (every process's inputs sent for nothing)."""
+    out = convert(KWS).output
+    [gather] = [line for line in out.splitlines() if "gather_for_metrics" in line]
+    assert "target" in gather and "data" not in gather.replace("target", ""), gather
+
+
+def test_the_wrapper_condition_of_a_module_read_goes_with_unwrap_model():
+    """`model.module if args.cuda else model` (wrapped in DataParallel only with --cuda): the prepared model may be
+    wrapped whatever `--cuda` says, so only `unwrap_model` gives the plain model on every launch; the `else`
+    branch would have saved the DistributedDataParallel wrapper on several CPU processes."""
+    out = convert(KWS).output
+    assert 'state = {"net": accelerator.unwrap_model(model)}' in out, out

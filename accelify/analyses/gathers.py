@@ -190,8 +190,12 @@ def _binds(stmt: cst.BaseStatement) -> set[str]:
     return _targets(assign) if assign is not None else {n for a in _branch_assigns(stmt) for n in _targets(a)}
 
 
-def _reads(stmt: cst.CSTNode) -> set[str]:
-    return {n.value for n in findall(stmt, m.Name())}  # type: ignore[attr-defined]
+def _reads(stmt: cst.CSTNode, skip: frozenset[int] | set[int] = frozenset()) -> set[str]:
+    """The names ``stmt`` reads, but those in ``skip`` (ids): not an attribute's name (``output.data``, which
+    took the batch `data` along into the gather) nor a keyword (``size_average=``)."""
+    skip = set(skip) | {id(a.attr) for a in findall(stmt, m.Attribute())} | {  # type: ignore[attr-defined]
+        id(a.keyword) for a in findall(stmt, m.Arg()) if a.keyword is not None}  # type: ignore[attr-defined]
+    return {n.value for n in findall(stmt, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
 
 
 _LIBRARIES = ("torch.", "numpy.", "builtins.", "math.", "scipy.", "sklearn.")
@@ -297,12 +301,12 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         later = [s for _, s in rows[at:]]
         skip = {id(n) for n in findall(inline, m.Name())} if inline is not None else set()  # its inputs stay
         # What the metrics read, directly or through the statements between (`mse = criterion(out, y)`).
-        needed = {n.value for s in later if _metric(s) for n in findall(s, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
+        needed = {n for s in later if _metric(s) for n in _reads(s, skip)}
         for s in reversed(later):
             inner = simple_assign(s)
             for assign in reversed([inner] if inner is not None else _branch_assigns(s)):  # `if wide: acc1, acc5 = ...`
                 if _targets(assign) & needed:
-                    needed |= {n.value for n in findall(assign.value, m.Name()) if id(n) not in skip}  # type: ignore[attr-defined]
+                    needed |= _reads(assign.value, skip)
         order = _first_use(later, derived)
         # outputs first, then labels: `predictions, references = ...` as in the Accelerate docs
         return later, skip, needed, sorted((n for n in derived & needed if defined_at.get(n, len(rows)) < at),

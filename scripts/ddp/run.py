@@ -73,7 +73,7 @@ def main() -> int:
         if (work / script.name).read_text() == script.read_text():
             print("not converted: nothing to run")
             return 1
-        env.update(ACCELERATE_USE_CPU="1", ACCELIFY_CHECKS="device,effects",
+        env.update(ACCELERATE_USE_CPU="1", ACCELIFY_CHECKS="device,effects", ACCELIFY_TRACE=str(work / "_trace"),
                    PYTHONPATH=str(HERE / "sbn"), CUDA_VISIBLE_DEVICES="")
         args = script_args(command)
         if options.plain:
@@ -102,8 +102,29 @@ def main() -> int:
         text = Path(path).read_text(errors="replace")
         if text.strip():
             print(f"--- {Path(path).relative_to(logs)}\n{text[-6000:]}")
+    if options.converted:
+        code = _judge(work / "_trace", 1 if options.plain else options.procs, code)
     print("exit", code)
     return 0 if code == 0 else 1
+
+
+def _judge(prefix: Path, procs: int, code):
+    """What the tracing hook recorded: a device rule broken (as on a GPU), side effects repeated on every process."""
+    sys.path.insert(0, str(HERE.parent))
+    from check_scripts import read_trace
+
+    from accelify.runtime.checks import judge_side_effects
+
+    traces = [read_trace(str(prefix), rank) for rank in range(procs)]
+    for rank, trace in enumerate(traces):
+        print(f"rank {rank}: {trace['steps']} optimizer steps, end {trace['end']}"
+              + (f", DEVICE: {trace['device']}" if trace["device"] else ""))
+    effects = judge_side_effects({r: t["effects"] for r, t in enumerate(traces)}, {r: t["prints"] for r, t in enumerate(traces)})
+    for problem in effects:
+        print("SIDE EFFECT:", problem)
+    if code == 0 and (effects or any(t["device"] for t in traces)):
+        return "checks failed"
+    return code
 
 
 if __name__ == "__main__":
