@@ -75,7 +75,7 @@ def main() -> int:
             return 1
         env.update(ACCELERATE_USE_CPU="1", ACCELIFY_CHECKS="device,effects", ACCELIFY_TRACE=str(work / "_trace"),
                    PYTHONPATH=str(HERE / "sbn"), CUDA_VISIBLE_DEVICES="")
-        args = script_args(command)
+        args = [part.replace("{n}", str(1 if options.plain else options.procs)) for part in script_args(command)]
         if options.plain:
             argv = [str(BIN / "python"), script.name, *args]
         else:
