@@ -180,6 +180,16 @@ class MainProcessOutput(AccelifyCodemod):
                 self.change(original_node, "`print` -> `accelerator.print`: once, on the main process")
                 return updated_node.with_changes(func=accelerator_attr(accelerator, "print"))
             return updated_node
+        if any(n.startswith("tqdm.") and n.endswith("tqdm.write") for n in names) and all(
+                a.keyword is None or a.keyword.value in ("file", "end") for a in original_node.args):
+            # `tqdm.write("Loss: ...")`: a print that spares the bars, which draw on the local main process only
+            if under_main_process_check(self, original_node):
+                return updated_node
+            accelerator = self._reachable(original_node)
+            if accelerator is None:
+                return updated_node
+            self.change(original_node, "`tqdm.write` -> `accelerator.print`: once, on the main process")
+            return updated_node.with_changes(func=accelerator_attr(accelerator, "print"))
         written = next((_WRITES[n] for n in names if n in _WRITES), False)
         if written is not False and self._console_write(original_node):
             # `sys.stdout.write("\rBatch[3] ...")`, as a statement: `print` with no end of its own

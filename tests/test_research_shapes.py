@@ -159,3 +159,14 @@ def test_the_wrapper_condition_of_a_module_read_goes_with_unwrap_model():
     branch would have saved the DistributedDataParallel wrapper on several CPU processes."""
     out = convert(KWS).output
     assert 'state = {"net": accelerator.unwrap_model(model)}' in out, out
+
+
+def test_tqdm_write_prints_once():
+    """tiny NeRF's `tqdm.write("Loss: " + str(loss.item()))`: a print that spares the progress bars, written by
+    every process (the side-effect check saw it twice); `accelerator.print` writes it once."""
+    source = KWS.replace("import argparse\n", "import argparse\n\nfrom tqdm import tqdm\n").replace(
+        "    optimizer.step()\n", "    optimizer.step()\n    tqdm.write(\"Loss: \" + str(loss.item()))\n")
+    out = convert(source).output
+    assert '    accelerator.print("Loss: " + str(loss.item()))\n' in out, out
+    kept = source.replace('tqdm.write("Loss: " + str(loss.item()))', 'tqdm.write("Loss", nolock=True)')
+    assert 'tqdm.write("Loss", nolock=True)' in convert(kept).output  # (no such argument of print)
