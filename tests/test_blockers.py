@@ -304,3 +304,37 @@ def test_the_unfollowed_call_is_found_through_what_is_computed_from_it_and_no_li
         "        choice = probs.max(1)[1]\n        correct += (choice == y).sum().item()\n")
     [finding] = pipeline.convert_source(source, "train.py").findings
     assert "the outputs of `net(x)`" in finding.message, finding.message
+
+
+TWO_UNKNOWN_COLLECTIVES = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main():
+    dist.init_process_group(backend=dist.get_default_backend_for_device(torch.device("cpu")))
+    model = DDP(torch.nn.Linear(4, 2))
+    data = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+    loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(f"backend={dist.get_backend()}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_every_call_of_the_process_group_that_is_not_understood_is_named() -> None:
+    """PyTorch's DDP example: `get_default_backend_for_device` *and* `dist.get_backend()`. The first one was
+    named alone; fixed by hand, the user met the second on the next run."""
+    assert codes(TWO_UNKNOWN_COLLECTIVES) == [(9, "ACC126"), (19, "ACC126")]

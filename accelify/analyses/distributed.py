@@ -215,12 +215,12 @@ def decide(facts: Facts, plan: Plan) -> bool:
         return True
     dist = Distributed()
     plan.distributed = dist
-    why = _recognise(facts, plan, dist)
-    if why is None:
+    whys = _recognise(facts, plan, dist)
+    if not whys:
         return True
-    node, message, suggestion = why
-    facts.finding(plan, node, "ACC126", f"{message}; file not converted (half a conversion would wrap the model "
-                  "or shard the data twice).", suggestion)
+    for node, message, suggestion in whys:
+        facts.finding(plan, node, "ACC126", f"{message}; file not converted (half a conversion would wrap the model "
+                      "or shard the data twice).", suggestion)
     plan.distributed = None
     return False
 
@@ -230,7 +230,10 @@ def _is_distributed(facts: Facts, call: cst.Call) -> bool:
     return any(n.startswith("torch.distributed.") or n in SPAWN or n in DDP or n in SAMPLERS for n in names)
 
 
-def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
+def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> list[Why]:
+    """What in the script's process management accelify does not understand: empty when all of it is. The ranks
+    and their arguments come first and end it (the rest reads them); from the calls on, every construct not
+    understood is named (Facebook's example: `get_default_backend_for_device` *and* `dist.get_backend()`)."""
     handled: set[int] = set()  # ids of calls accounted for
     dead = _dead_setups(facts)
     live = lambda node: (key_at(facts, node) or "").split(".")[0] not in dead  # noqa: E731
@@ -246,17 +249,17 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         if len(kinds) != 1 or len(assigns) != 1 or None in kinds:
             kept = kept_rank(facts, ref, assigns, env_reads)
             if kept is None:
-                return (assigns[0], f"`{ref[1]}` holds a rank but is bound more than once, or to other values too",
-                        "read the rank once, or use `accelerator.process_index` by hand")
+                return [(assigns[0], f"`{ref[1]}` holds a rank but is bound more than once, or to other values too",
+                         "read the rank once, or use `accelerator.process_index` by hand")]
             dist.kept[ref] = kept[0]
             dist.kept_assigns[id(kept[1])] = kept[0]
             handled.update(id(c) for c in findall(kept[1].value, m.Call()))
             continue
         kind = kinds.pop()
         if kind.startswith("?"):
-            return (assigns[0], kind[1:], "a script with a single-process path too is not converted yet: keep the "
-                    "distributed path only (under `accelerate launch` it also runs as one process), reading the rank "
-                    "as `int(os.environ[\"LOCAL_RANK\"])`, or use `accelerator.process_index`")
+            return [(assigns[0], kind[1:], "a script with a single-process path too is not converted yet: keep the "
+                     "distributed path only (under `accelerate launch` it also runs as one process), reading the rank "
+                     "as `int(os.environ[\"LOCAL_RANK\"])`, or use `accelerator.process_index`")]
         dist.ranks[ref] = kind  # type: ignore[assignment]
         dist.rank_assigns.add(id(assigns[0]))
         value = assigns[0].value
@@ -265,7 +268,8 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         handled.update(id(c) for c in findall(assigns[0].value, m.Call()))
     why = arg_ranks(facts, plan, dist, env_reads)
     if why is not None:
-        return why
+        return [why]
+    whys: list[Why] = []
     spawns = [c for c in facts.calls if qualified_names(facts, c.func) & (SPAWN | PROCESS)]
     for call in spawns + [c for c in facts.calls if c not in spawns]:  # the spawned worker's ranks first
         if id(call) in handled or not live(call):
@@ -273,7 +277,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         names = qualified_names(facts, call.func)
         why = _call(facts, plan, dist, call, names, handled)
         if why is not None:
-            return why
+            whys.append(why)
     for read in env_reads:
         target = facts.get_metadata(ParentNodeProvider, read, None)
         assign = facts.get_metadata(ParentNodeProvider, target, None) if isinstance(target, cst.AssignTarget) else None
@@ -285,8 +289,10 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
         if id(read) in dist.arg_defaults:
             continue
         if not inside(facts, read, dist.remove) and not inside(facts, read, dist.rank_assigns | set(dist.kept_assigns)):
-            return (read, f"`{code_of(read)}` is read outside the process-group set-up accelify removes",
-                    "use `accelerator.process_index` / `local_process_index` / `num_processes`")
+            if any(key_at(facts, node) == key_at(facts, read) for node, _, _ in whys):
+                continue  # the set-up helper that reads it is not removed for a reason already named there
+            whys.append((read, f"`{code_of(read)}` is read outside the process-group set-up accelify removes",
+                         "use `accelerator.process_index` / `local_process_index` / `num_processes`"))
     for node in findall(facts.module, m.Attribute(attr=m.Name("no_sync") | m.Name("require_backward_grad_sync"))):
         parent = facts.get_metadata(ParentNodeProvider, node, None)
         if node.attr.value == "no_sync" and isinstance(parent, cst.Call) and parent.func is node and not parent.args:  # type: ignore[attr-defined]
@@ -295,8 +301,10 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
             launch_branches(facts, node, env_reads) or (None, False)
         )[1]:
             continue  # nanoGPT's `if ddp: model.require_backward_grad_sync = ...`: the prepared DDP wrapper's
-        return (node, f"`{code_of(node)}` (gradient synchronisation switched by hand) is not converted yet",
-                "use `with accelerator.accumulate(model):` (or `accelerator.no_sync(model)`) by hand")
+        whys.append((node, f"`{code_of(node)}` (gradient synchronisation switched by hand) is not converted yet",
+                     "use `with accelerator.accumulate(model):` (or `accelerator.no_sync(model)`) by hand"))
+    if whys:
+        return whys
     for line in findall(facts.module, m.SimpleStatementLine(body=[m.Assert()])):
         test = line.body[0].test  # type: ignore[attr-defined]
         if is_availability_check(facts, test) and (launch_branches(facts, line, env_reads) or (None, False))[1]:
@@ -308,7 +316,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> Optional[Why]:
     _rank_attributes(facts, plan, dist)
     main_flags_of(facts, plan, dist, env_reads)
     _first_pairs(facts, plan, dist)
-    return None
+    return []
 
 
 def _gpus_counted_as_processes(facts: Facts, dist: Distributed) -> None:
