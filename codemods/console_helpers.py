@@ -9,6 +9,7 @@ from libcst.metadata import ParentNodeProvider, ScopeProvider
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import under_main_process_check
 from accelify.queries.names import qualified_names
+from accelify.queries.refs import assigned_values
 from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod
@@ -25,6 +26,8 @@ class ConsoleHelpers(AccelifyCodemod):
     on one console. The function itself is left as it is (its state, such as the time of the last
     call, is its own); its call sites go under ``if accelerator.is_local_main_process:``. A function
     that also computes something (a return value, torch, the training objects) is not one of these.
+    A method that only prints and changes nothing of its object (the ImageNet example's
+    ``progress.display(i)`` of ``ProgressMeter``) is one too.
 
     Before::
 
@@ -69,17 +72,26 @@ class ConsoleHelpers(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "stdout.write" in code or "stderr.write" in code
+        return "stdout.write" in code or "stderr.write" in code or "def display(" in code
 
     def visit_Module(self, node: cst.Module) -> None:
         self._helpers = {id(f) for f in node.body if isinstance(f, cst.FunctionDef) and self._console_only(f)}
+        # `ProgressMeter.display(self, batch)` of the ImageNet example (MoCo, SimSiam...): a method that prints
+        # the meters and changes nothing, called on an object of that class
+        self._methods = {(c.name.value, f.name.value) for c in node.body if isinstance(c, cst.ClassDef)
+                         for f in c.body.body if isinstance(f, cst.FunctionDef) and self._console_only(f, method=True)}
 
-    def _console_only(self, function: cst.FunctionDef) -> bool:
+    def _console_only(self, function: cst.FunctionDef, method: bool = False) -> bool:
         """Writes to the console and does nothing else anyone sees: no value returned, no torch, no
-        training object."""
+        training object; a method (``method``): prints, and sets no attribute."""
         calls = findall(function, m.Call())
-        if not any(qualified_names(self, c.func) & _CONSOLE for c in calls):  # type: ignore[attr-defined]
+        console = _CONSOLE | {"builtins.print"} if method else _CONSOLE
+        if not any(qualified_names(self, c.func) & console for c in calls):  # type: ignore[attr-defined]
             return False
+        if method and (findall(function, m.AssignTarget(target=m.Attribute()) | m.AugAssign(target=m.Attribute()))
+                       or any(isinstance(c.func, cst.Attribute) and not (qualified_names(self, c.func) & console)
+                              and m.matches(c.func.value, m.Name("self")) for c in calls)):  # type: ignore[attr-defined]
+            return False  # (it changes the object, or runs another of its methods)
         if any(r.value is not None for r in findall(function, m.Return())):  # type: ignore[attr-defined]
             return False
         if any(n.startswith("torch") for c in calls for n in qualified_names(self, c.func)):  # type: ignore[attr-defined]
@@ -88,6 +100,11 @@ class ConsoleHelpers(AccelifyCodemod):
         return not {n.value for n in findall(function, m.Name())} & training  # type: ignore[attr-defined]
 
     def _helper_called(self, statement: cst.SimpleStatementLine) -> bool:
+        if len(statement.body) == 1 and m.matches(statement.body[0], m.Expr(m.Call(func=m.Attribute(value=m.Name())))):
+            func = statement.body[0].value.func  # type: ignore[attr-defined]
+            values = assigned_values(self, func.value)
+            return len(values) == 1 and isinstance(values[0], cst.Call) and isinstance(values[0].func, cst.Name) and (
+                values[0].func.value, func.attr.value) in self._methods  # `progress = ProgressMeter(...)`
         if len(statement.body) != 1 or not m.matches(statement.body[0], m.Expr(m.Call(func=m.Name()))):
             return False
         name = statement.body[0].value.func  # type: ignore[attr-defined]

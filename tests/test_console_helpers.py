@@ -62,3 +62,26 @@ def test_idempotent():
     once, _ = convert(BAR)
     again = convert_source(once, "train.py")
     assert again.output == once and not again.findings
+
+
+METER = '''class ProgressMeter(object):
+    def __init__(self, num_batches, prefix=""):
+        self.num_batches = num_batches
+        self.prefix = prefix
+
+    def display(self, batch):
+        entries = [self.prefix + str(batch), str(self.num_batches)]
+        print("\\t".join(entries))
+
+
+progress = ProgressMeter(len(loader), prefix="Epoch: ")'''
+
+
+def test_a_method_that_only_prints_draws_on_the_local_main_process():
+    """The ImageNet example's `progress.display(i)` (MoCo, SimSiam, tczhangzhi): `ProgressMeter.display` prints
+    the meters and changes nothing; every process printed them (the side-effect check of the DDP set saw it)."""
+    output, codes = convert(METER, "progress.display(batch_idx)")
+    assert "    if accelerator.is_local_main_process:\n        progress.display(batch_idx)\n" in output and "ACC023" in codes
+    changing = METER.replace('        print("\\t".join(entries))', '        print("\\t".join(entries))\n        self.prefix = ""')
+    output, _ = convert(changing, "progress.display(batch_idx)")
+    assert "is_local_main_process:\n        progress.display" not in output  # it changes the object: every process
