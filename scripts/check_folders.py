@@ -56,9 +56,17 @@ def entry(run_sh: str) -> tuple[list[str], dict[str, str], str, list[str]] | Non
     return lines[:i], env, script, shlex.split(match["args"])
 
 
+def _enters_its_folder(run_sh: str) -> bool:
+    """Does the entry line of ``run_sh`` ``cd`` into the script's folder first (``cd src && python train.py``)?"""
+    lines = [line for line in run_sh.splitlines() if _PYTHON.match(line.strip())
+             and not _PYTHON.match(line.strip())["script"].startswith(("../_tools", "-c"))]
+    return bool(lines) and bool(_PYTHON.match(lines[-1].strip())["cd"])
+
+
 def check(folder: Path, steps: int, timeout: float) -> dict:
     row: dict = {"name": folder.name}
-    parsed = entry((folder / "run.sh").read_text())
+    run_sh = (folder / "run.sh").read_text()
+    parsed = entry(run_sh)
     if parsed is None:
         return {**row, "result": "no entry"}
     prep, env, script, args = parsed
@@ -92,7 +100,8 @@ def check(folder: Path, steps: int, timeout: float) -> dict:
             again = convert_source(result.output, str(work / script))
         if again.changed or any(c.changed for c in again.companions):
             return {**row, "result": "not idempotent"}
-        folder_of, name = os.path.split(script)
+        # from where run.sh runs it: `cd src && python train.py` in src, `python examples/x.py` from the folder
+        folder_of, name = os.path.split(script) if _enters_its_folder(run_sh) else ("", script)
         verify = [str(Path(sys.executable).parent / "accelify"), "verify", name, "--steps", str(steps),
                   "--processes", "2", "--timeout", str(timeout), "--", *args]
         # in a shell that runs run.sh's preparation again first, as run.sh runs its entry line: what it
