@@ -173,6 +173,9 @@ def test_a_path_written_by_two_processes_is_a_failure_and_one_written_once_is_no
     assert judge_side_effects(ranks, {}) == ["train.py:9 `c` writes /x/model.pt on every process (ranks 0, 1)"]
     assert judge_side_effects({0: [effect("write", "/x/model.pt")], 1: []}, {}) == []
     assert judge_side_effects({0: ranks[0]}, {}) == []  # one process: nothing to compare
+    # a cache of compiled code (numba's, under librosa.load in GCommandsPytorch's loader): no race of the script's
+    cache = {r: [effect("write", "/venv/librosa/core/__pycache__/audio.resample-1.py311.nbi", 9)] for r in (0, 1)}
+    assert judge_side_effects(cache, {}) == []
 
 
 def test_directories_downloads_and_extractions_on_every_process():

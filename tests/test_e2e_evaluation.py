@@ -91,9 +91,22 @@ def test_two_processes_print_the_global_numbers_once(runs):
     assert rank1.strip() == "", f"rank 1 printed:\n{rank1}"
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """The same bytes; for a saved tensor, the same shape and values up to float rounding (each process runs its
+    own batches: a matrix product over 8 rows is not bitwise the one over 16 on every BLAS)."""
+    if _digest(a) == _digest(b):
+        return True
+    if a.suffix != ".pt":
+        return False
+    import torch
+
+    x, y = torch.load(a), torch.load(b)
+    return isinstance(x, torch.Tensor) and x.shape == y.shape and torch.allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
 def test_two_processes_write_each_file_once_the_same(runs):
     for file in runs["files"]:
-        assert _digest(runs["dirs"]["two"] / file) == _digest(runs["dirs"]["original"] / file), file
+        assert _same_file(runs["dirs"]["two"] / file, runs["dirs"]["original"] / file), file
     saves0, saves1 = (trace["saves"] for trace in runs["two"].traces)
     assert saves1 == [], "rank 1 saved too"
     assert [s["file"] for s in saves0] == [s["file"] for s in runs["original"].traces[0]["saves"]]

@@ -118,11 +118,14 @@ def test_script_arguments_after_double_dash_and_text_output(tmp_path):
 
 
 def test_an_original_that_needs_a_gpu(tmp_path):
+    """`torch.cuda.set_device(0)` needs a CUDA driver (the conversion removes it); `.cuda()` alone runs on the
+    emulated device (the next test)."""
     (tmp_path / "train.py").write_text(
         "import torch\n"
         "from torch import nn\n"
         "from torch.utils.data import DataLoader, TensorDataset\n"
         "\n"
+        "torch.cuda.set_device(0)\n"
         "loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)\n"
         "model = nn.Linear(4, 1).cuda()\n"
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -139,6 +142,32 @@ def test_an_original_that_needs_a_gpu(tmp_path):
     assert "original" in result["message"] and "needs a GPU" in result["message"]
     assert result["original"]["returncode"] == 1 and result["original"]["stderr_tail"]
     assert result["converted"]["state"] == "ok"
+
+
+def test_an_original_placed_with_cuda_runs_on_the_emulated_device(tmp_path):
+    """`.cuda()` of the model and the batches, as a script written for a GPU has it: the emulation places them
+    on the accelerator's device, as `.to("cuda")` (torch's own `.cuda()` raises without a driver), so the
+    original and the conversion are compared."""
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "\n"
+        "torch.manual_seed(0)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)\n"
+        "model = nn.Linear(4, 1).cuda()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n"
+        "    x, y = x.cuda(), y.cuda()\n"
+        "    loss = nn.functional.mse_loss(model(x), y)\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n",
+        encoding="utf-8",
+    )
+    result = _verify(tmp_path, "train.py", "--steps", "2", expect=0)
+    assert result["verdict"] == "identical", result["message"]
+    assert result["original"]["state"] == "ok" and result["converted"]["state"] == "ok"
 
 
 # Every runnable fixture of tests/test_e2e_scripts.py, and the DDP fixture whose original also runs
