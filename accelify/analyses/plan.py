@@ -356,9 +356,13 @@ def _decide(facts: Facts) -> Plan:
     helpers.needs_accelerator(facts, plan)
     # The checks from here on build nothing the codemods read: each runs whatever the others found, so
     # that a file left unchanged is reported with every construct that blocks it.
-    passed = [check(facts, plan) for check in (
-        handed.reachable, hazards.backwards_in_reach, data.training_data, data.rebound_loaders,
-        helpers.mixed_loaders, data.loops_through_wrappers, samplers.own_samplers, mixed_precision.apex)]
+    # (a backward out of reach of a function that cannot be handed the accelerator is that same blocker: asked
+    # only when every function that prepares can be)
+    passed = [handed.reachable(facts, plan)]
+    passed.append(passed[0] and hazards.backwards_in_reach(facts, plan))
+    passed += [check(facts, plan) for check in (
+        data.training_data, data.rebound_loaders, helpers.mixed_loaders, data.loops_through_wrappers,
+        samplers.own_samplers, mixed_precision.apex)]
     if not plan.evaluation:
         wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
         mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)
