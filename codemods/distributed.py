@@ -13,7 +13,7 @@ from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, b
 from accelify.analyses.plan import Plan, bind_arguments
 from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, local_rank_launch, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
-from accelify.queries.blocks import enclosing_function
+from accelify.queries.blocks import enclosing_function, inside
 from accelify.queries.names import DATALOADERS, has_qname
 from accelify.queries.refs import ref_of
 from accelify.queries.trees import remove_imports_of
@@ -89,6 +89,7 @@ class Distributed(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._counted_gpus = False  # ACC143 said once per file
+        self._unreachable_refused: list[tuple[cst.CSTNode, object]] = []  # (node, its ACC126), for `_unreachable`
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
@@ -233,17 +234,11 @@ class Distributed(AccelifyCodemod):
                     "cannot reach the Accelerator (created where the training objects are); file not converted.",
                     f"create the Accelerator before {place} uses it, or pass it the accelerator")
         # one finding for `args.local_rank != -1`, not one more for the `args.local_rank` inside it (left first)
-        refused = self.__dict__.setdefault("_unreachable_refused", [])
-        inner = [f for node, f in refused if self._within(node, original)]
+        inner = [f for node, f in self._unreachable_refused if inside(self, node, {id(original)})]
         self.findings = [f for f in self.findings if all(f is not i for i in inner)]
         self.refusals = [f for f in self.refusals if all(f is not i for i in inner)]
-        refused.append((original, self.findings[-1]))
+        self._unreachable_refused.append((original, self.findings[-1]))
         return updated
-
-    def _within(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-        while node is not None and node is not outer:
-            node = self.get_metadata(ParentNodeProvider, node, None)
-        return node is outer
 
     def _in_removed_helper(self, node: cst.CSTNode) -> bool:
         """Inside ``ddp_setup()``/``cleanup()``, which go whole."""

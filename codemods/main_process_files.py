@@ -14,7 +14,7 @@ from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.hazards import COLLECTIVES
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import under_main_process_check
-from accelify.queries.blocks import binds, enclosing_function, scope_root, statement_line, under, under_rank_test
+from accelify.queries.blocks import binds, enclosing_function, opened_around, scope_root, statement_line, under, under_rank_test
 from accelify.queries.loops import peel_iterable
 from accelify.queries.names import TORCH_LOAD, WRITERS, qualified_names, string_value
 from accelify.queries.refs import assigned_values, key_at, ref_of
@@ -140,14 +140,8 @@ class MainProcessFiles(AccelifyCodemod):
         if not call.args:
             return False
         parts: list[cst.CSTNode] = [call.args[0].value]
-        target = call.args[0].value
-        if isinstance(target, cst.Name):  # `np.save(f, ...)` in `with open(f"{path}.part-{os.getpid()}", "wb") as f:`
-            opened = self._opened_path(call, target.value)
-            if opened is not None:
-                parts.append(opened)
-        for part in list(parts):
-            for name in findall(part, m.Name()):
-                parts += [v for v in assigned_values(self, name) if v is not None]  # type: ignore[arg-type]
+        for name in findall(call.args[0].value, m.Name()):
+            parts += [v for v in assigned_values(self, name) if v is not None]  # type: ignore[arg-type]
         for part in parts:
             if any(re.search(r"rank|pid|process|worker", n.value, re.IGNORECASE) for n in findall(part, m.Name())):
                 return True
@@ -155,22 +149,10 @@ class MainProcessFiles(AccelifyCodemod):
 
     def _into_an_open_file(self, call: cst.Call) -> bool:
         """``np.save(f, array)`` inside ``with open(path, "wb") as f:``: every process opens (and truncates) the
-        file, so the write alone on the main process would leave the others' empty; it stays as written."""
+        file, so the write alone on the main process would leave the others' empty; it stays as written (a path
+        per process, ``.part-{os.getpid()}``, included)."""
         target = call.args[0].value if call.args else None
-        return isinstance(target, cst.Name) and self._opened_path(call, target.value) is not None
-
-    def _opened_path(self, node: cst.CSTNode, handle: str) -> Optional[cst.BaseExpression]:
-        """The path of the ``with open(path, ...) as handle:`` around ``node``, or None."""
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None:
-            if isinstance(parent, cst.With):
-                for item in parent.items:
-                    if (isinstance(item.item, cst.Call) and item.item.args and item.asname is not None
-                            and m.matches(item.asname.name, m.Name(handle)) and "open" in qualified_names(self, item.item.func)
-                            | {getattr(item.item.func, "value", "")}):
-                        return item.item.args[0].value
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
-        return None
+        return isinstance(target, cst.Name) and opened_around(self, call, target.value) is not None
 
     def _made_by(self, name: cst.Name, packages: tuple[str, ...]) -> bool:
         """Is ``name`` bound only to what a call of one of ``packages`` returns

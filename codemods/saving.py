@@ -13,7 +13,7 @@ from accelify.analyses.distributed import BARRIER
 from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import rank_attribute, under_main_process_check
-from accelify.queries.blocks import enclosing_function, under_rank_test
+from accelify.queries.blocks import enclosing_function, opened_around, under_rank_test
 from accelify.queries.names import TORCH_LOAD, TORCH_SAVE, code_of, qualified_names
 from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.training import direct_calls
@@ -202,18 +202,10 @@ class Saving(AccelifyCodemod):
         """``torch.save(obj, f)`` inside ``with open(path, "wb") as f:`` (not under a main-process check): the
         name of the handle every process opens."""
         target = call.args[1].value if len(call.args) > 1 else None
-        if not isinstance(target, cst.Name):
+        opened = opened_around(self, call, target.value) if isinstance(target, cst.Name) else None
+        if opened is None or under_main_process_check(self, opened[0]):
             return None
-        node = self.get_metadata(ParentNodeProvider, call, None)
-        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-            if isinstance(node, cst.With) and any(
-                    isinstance(item.asname.name if item.asname else None, cst.Name)
-                    and item.asname.name.value == target.value  # type: ignore[union-attr]
-                    and isinstance(item.item, cst.Call) and qualified_names(self, item.item.func) & {"builtins.open", "open"}
-                    for item in node.items):
-                return None if under_main_process_check(self, node) else target.value
-            node = self.get_metadata(ParentNodeProvider, node, None)
-        return None
+        return target.value  # type: ignore[union-attr]
 
     def _one_model_state(self, expr: cst.BaseExpression) -> bool:
         """``checkpoint = model.state_dict()`` ... ``torch.save(checkpoint, path)``: one model's weights."""

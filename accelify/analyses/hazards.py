@@ -147,11 +147,10 @@ def _evaluated_by_one_process(facts: Facts, plan: Plan) -> bool:
     """ACC114: an evaluation loop ACC011 would gather (or could not: it is an evaluation all the same), run on the main process only (``if rank == 0:``
     around it, or around every call of the function it is in). The gather is a collective: the
     main process would wait in it for processes that never come. True when one is found."""
-    from accelify.analyses.gathers import Gather, find_gather
+    from accelify.analyses.gathers import find_gather
 
     for loop in facts.loops:
-        gather = find_gather(facts, loop, plan)
-        if gather is None:  # (a reason why no gather can be made is no less an evaluation: FixMatch's test)
+        if find_gather(facts, loop, plan) is None:  # (a reason why no gather can be made is no less an evaluation: FixMatch's test)
             continue
         func = enclosing_function(facts, loop)
         calls = [c for c, _ in facts.call_sites(func.name.value, func)] if func is not None and (

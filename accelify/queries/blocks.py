@@ -9,7 +9,7 @@ from typing import Iterator, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
-from accelify.queries.names import assigned_names, code_of, root_name
+from accelify.queries.names import assigned_names, code_of, qualified_names, root_name
 from accelify.queries.refs import MODULE
 
 Body = Union[cst.Module, cst.IndentedBlock]
@@ -159,6 +159,22 @@ def inside(visitor: cst.MetadataDependent, node: cst.CSTNode, ids: Union[set[int
             return True
         current = visitor.get_metadata(ParentNodeProvider, current, None)
     return False
+
+
+def opened_around(visitor: cst.MetadataDependent, node: cst.CSTNode, handle: str) -> Optional[tuple[cst.With, cst.Call]]:
+    """The ``with open(path, ...) as handle:`` around ``node`` in its function, as (the ``with``, the ``open(...)``
+    call), or None: a write into ``handle`` goes into a file every process running that code opens."""
+    from libcst.metadata import ParentNodeProvider
+
+    current = visitor.get_metadata(ParentNodeProvider, node, None)
+    while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
+        if isinstance(current, cst.With):
+            for item in current.items:
+                if (item.asname is not None and m.matches(item.asname.name, m.Name(handle)) and isinstance(item.item, cst.Call)
+                        and qualified_names(visitor, item.item.func) & {"builtins.open", "open"}):
+                    return current, item.item
+        current = visitor.get_metadata(ParentNodeProvider, current, None)
+    return None
 
 
 def scope_root(module: cst.Module, key: str) -> Union[cst.Module, cst.FunctionDef, None]:
