@@ -82,6 +82,7 @@ def test_a_method_that_only_prints_draws_on_the_local_main_process():
     the meters and changes nothing; every process printed them (the side-effect check of the DDP set saw it)."""
     output, codes = convert(METER, "progress.display(batch_idx)")
     assert "    if accelerator.is_local_main_process:\n        progress.display(batch_idx)\n" in output and "ACC023" in codes
+    assert convert_source(output, "again.py").output == output  # converted again: nothing changes
     changing = METER.replace('        print("\\t".join(entries))', '        print("\\t".join(entries))\n        self.prefix = ""')
     output, _ = convert(changing, "progress.display(batch_idx)")
     assert "is_local_main_process:\n        progress.display" not in output  # it changes the object: every process

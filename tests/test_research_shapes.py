@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textwrap import dedent
 
-from conftest import convert
+from conftest import assert_stable, convert
 
 SCRIPT = dedent('''\
     import torch
@@ -159,6 +159,7 @@ def test_the_wrapper_condition_of_a_module_read_goes_with_unwrap_model():
     branch would have saved the DistributedDataParallel wrapper on several CPU processes."""
     out = convert(KWS).output
     assert 'state = {"net": accelerator.unwrap_model(model)}' in out, out
+    assert_stable(out)
 
 
 def test_tqdm_write_prints_once():
@@ -168,5 +169,6 @@ def test_tqdm_write_prints_once():
         "    optimizer.step()\n", "    optimizer.step()\n    tqdm.write(\"Loss: \" + str(loss.item()))\n")
     out = convert(source).output
     assert '    accelerator.print("Loss: " + str(loss.item()))\n' in out, out
+    assert_stable(out)
     kept = source.replace('tqdm.write("Loss: " + str(loss.item()))', 'tqdm.write("Loss", nolock=True)')
     assert 'tqdm.write("Loss", nolock=True)' in convert(kept).output  # (no such argument of print)
