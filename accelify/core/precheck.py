@@ -82,12 +82,38 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     trained: set[str] = set()  # names assigned a value with a `.parameters()` call in it
     roots: set[str] = set()  # the top-level packages the file imports (absolute imports)
     backward = False
+    methods = False  # a module method is called (`.eval()`, `.to(...)`): _evaluates needs one
+    functions: list[ast.AST] = []  # every function: the scopes _evaluates looks in
+    loaders = False  # `DataLoader` is named
+    named: list[ast.AST] = []  # what is named `Accelerator` (_names_accelerator)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
-            if isinstance(func, ast.Attribute) and func.attr == "backward":
-                backward = True
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
+            if isinstance(func, ast.Attribute):
+                if func.attr == "backward":
+                    backward = True
+                elif func.attr in _MODULE_METHODS:
+                    methods = True
+        elif isinstance(node, ast.Name):
+            if node.id == "DataLoader":
+                loaders = True
+            elif node.id == "Accelerator":
+                named.append(node)
+            continue
+        elif isinstance(node, ast.Attribute):
+            if node.attr == "DataLoader":
+                loaders = True
+            elif node.attr == "Accelerator":
+                named.append(node)
+            continue
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append(node)
+            continue
+        elif isinstance(node, ast.ClassDef):
+            if node.name == "Accelerator":
+                named.append(node)
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
             if node.value is not None:
                 values.append(node.value)
                 if isinstance(node, ast.Assign) and _has_parameters(node.value):
@@ -95,6 +121,10 @@ def _may_train(tree: ast.AST, source: str) -> bool:
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 roots.add(alias.name.split(".")[0])
+                if alias.name.rpartition(".")[2] == "DataLoader":
+                    loaders = True
+                if alias.name == "Accelerator":
+                    named.append(alias)
                 if alias.asname:
                     imports.setdefault(alias.asname, []).append(alias.name)
         elif isinstance(node, ast.ImportFrom):
@@ -102,6 +132,10 @@ def _may_train(tree: ast.AST, source: str) -> bool:
                 roots.add(node.module.split(".")[0])
             base = "." * node.level + (node.module or "")
             for alias in node.names:
+                if alias.name.rpartition(".")[2] == "DataLoader":
+                    loaders = True
+                if alias.name == "Accelerator":
+                    named.append(alias)
                 if alias.name != "*":
                     dotted = f"{base}.{alias.name}" if node.module else base + alias.name
                     imports.setdefault(alias.asname or alias.name, []).append(dotted)
@@ -116,7 +150,9 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     # No optimizer: the analysis only reports a backward (ACC125), or converts an evaluation over
     # a DataLoader (accelify.analyses.evaluation); neither in a file that names `Accelerator` (it
     # uses Accelerate already, or is Accelerate).
-    return (backward or _evaluates(tree) or _may_report_evaluation(tree)) and not _names_accelerator(tree, source)
+    if _names_accelerator(named, source):
+        return False
+    return backward or (methods and _evaluates(tree, functions, loaders)) or _may_report_evaluation(tree)
 
 
 #: Copies of ``accelify.analyses.evaluation.MODULE_METHODS`` and ``_RUNS`` (tests/test_precheck.py
@@ -176,18 +212,13 @@ def _may_report_evaluation(tree: ast.AST) -> bool:
     return False
 
 
-def _evaluates(tree: ast.AST) -> bool:
-    """Necessary for the analysis to find an evaluation (``accelify.analyses.evaluation.models``): a
-    module method (``.eval()``, ``.to(...)``...) called somewhere, and in some scope a ``for`` loop
-    over a name (peeled of ``enumerate``/``tqdm``) bound or received in that scope, whose body calls a
-    name (or its ``generate``) bound or received there too.  Generous: no types, no flow."""
-    if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MODULE_METHODS
-               for n in ast.walk(tree)):
-        return False
-    scopes: list[ast.AST] = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
-    loaders = any(isinstance(n, (ast.Name, ast.Attribute, ast.alias)) and (
-        n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.name.rpartition(".")[2]
-    ) == "DataLoader" for n in ast.walk(tree))
+def _evaluates(tree: ast.AST, functions: list[ast.AST], loaders: bool) -> bool:
+    """Necessary for the analysis to find an evaluation (``accelify.analyses.evaluation.models``), in a
+    file that calls a module method (``.eval()``, ``.to(...)``...) somewhere: in some scope (the module,
+    ``functions``) a ``for`` loop over a name (peeled of ``enumerate``/``tqdm``) bound or received in that
+    scope, whose body calls a name (or its ``generate``) bound or received there too; over a list unless
+    the file names ``DataLoader`` (``loaders``).  Generous: no types, no flow."""
+    scopes: list[ast.AST] = [tree, *functions]
     for scope in scopes:
         names: set[str] = set()  # bound in this scope: assigned, loop targets, parameters
         loops: list[ast.For] = []
@@ -245,10 +276,10 @@ def _trains(call: ast.Call, trained: set[str]) -> bool:
 _ACCELERATOR = b"Accelerator"
 
 
-def _names_accelerator(tree: ast.AST, source: str) -> bool:
-    """The identifier ``Accelerator`` (a name, an attribute, an import, a class), spelled so in the
-    text: CPython's tree holds identifiers NFKC-normalised, LibCST (which the analysis asks) as
-    written. A spelling this does not place (``class \\`` continued) counts as absent."""
+def _names_accelerator(named: list[ast.AST], source: str) -> bool:
+    """One of ``named`` (the names, attributes, imports and classes CPython's tree calls ``Accelerator``)
+    is spelled so in the text: CPython's tree holds identifiers NFKC-normalised, LibCST (which the analysis
+    asks) as written. A spelling this does not place (``class \\`` continued) counts as absent."""
     lines: list[bytes] = []  # the source's lines, split when first needed
     size = len(_ACCELERATOR)
 
@@ -257,7 +288,7 @@ def _names_accelerator(tree: ast.AST, source: str) -> bool:
             lines.extend(source.encode("utf-8", "surrogatepass").splitlines())
         return lines[number - 1] if 0 < number <= len(lines) else b""
 
-    for node in ast.walk(tree):
+    for node in named:
         if isinstance(node, ast.Name) and node.id == "Accelerator":
             if node.end_lineno != node.lineno or node.end_col_offset != node.col_offset + size:
                 continue
