@@ -27,6 +27,7 @@ from accelify.codemods.base import Shared
 from accelify.codemods.launch import SpawnLaunch
 from accelify.codemods.setup_helper import SetUpHelper
 from accelify.codemods.world_size import ProcessGroupAttributes
+from accelify.core import joined
 from accelify.core.composite import Composite, plan_names
 from accelify.core.metadata import resolve
 from accelify.core.precheck import cpython_error, without_analysis
@@ -80,6 +81,8 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         return Result(path, source, source, error=_syntax_error(path, source, exc))
+    if joined.has_joined(module):
+        return _convert_joined(module, source, path, options)
     try:
         # (a notebook's cells are one program already; its modules are not converted with it yet)
         unit = unit_of(source, path) if not path.endswith(".ipynb") else None
@@ -97,6 +100,20 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     for companion in result.companions:
         companion.findings = suppress(companion.findings, companion.source, options.findings)
     return result
+
+
+def _convert_joined(module: cst.Module, source: str, path: str, options: Options) -> Result:
+    """A file with statements joined on a line (``a; b``) converted with one statement per line
+    (:mod:`accelify.core.joined`): the lines the conversion leaves alone come back as written, the
+    positions of what is said on the file's own lines."""
+    derived = joined.split(module)
+    result = convert_source(derived, path, options)
+    positions = joined.Positions(source, derived)
+    output = source if result.error is not None or result.output == derived else joined.rejoin(source, derived, result.output)
+    findings = sorted(replace(f, line=positions.line(f.line), column=positions.column(f.line, f.column))
+                      for f in result.findings)
+    changes = sorted(replace(c, line=positions.line(c.line)) for c in result.changes)
+    return replace(result, source=source, output=output, findings=findings, changes=changes)
 
 
 def _convert_unit(unit: Unit, options: Options) -> Optional[Result]:
