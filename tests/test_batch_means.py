@@ -1,8 +1,9 @@
-"""ACC114: an evaluation that adds up per-batch mean losses and divides by the number of samples
-(`test_loss += criterion(output, target).item()`, then `/= len(test_loader.dataset)`) is refused:
+"""An evaluation that adds up per-batch mean losses and divides by the number of samples
+(`test_loss += criterion(output, target).item()`, then `/= len(test_loader.dataset)`) is not gathered:
 over gathered batches each mean covers every process's samples and the loop runs 1/N as many
-times, so the printed loss would be 1/N of the one-process value. Sums, or means divided by the
-number of batches, convert."""
+times, so the printed loss would be 1/N of the one-process value. Its loader is left whole instead
+(ACC146: every process evaluates the whole set, the loss is the one-process value). Sums, or means
+divided by the number of batches, are gathered."""
 
 from __future__ import annotations
 
@@ -49,12 +50,13 @@ def convert(criterion="nn.CrossEntropyLoss()", loss="criterion(output, target)",
     ("nn.NLLLoss(reduction='mean')", "criterion(output, target)"),
     ("nn.CrossEntropyLoss()", "F.nll_loss(output, target)"),
 ])
-def test_batch_means_divided_by_the_number_of_samples_are_refused(criterion, loss):
+def test_batch_means_divided_by_the_number_of_samples_are_evaluated_whole(criterion, loss):
     source, result = convert(criterion, loss)
-    assert result.output == source
-    [finding] = [f for f in result.findings if f.code == "ACC114"]
-    assert finding.message.startswith("`test_loss` adds up per-batch means")
-    assert "1/N of the one-process value" in finding.message and "reduction=\"sum\"" in finding.suggestion
+    assert result.output != source and "gather_for_metrics" not in result.output
+    assert "accelerator.prepare(train_loader, model, optimizer)" in result.output
+    [finding] = [f for f in result.findings if f.code == "ACC146"]
+    assert "(`test_loss` adds up per-batch means" in finding.message
+    assert "1/N of the one-process value" in finding.message
 
 
 @pytest.mark.parametrize("criterion, loss, divisor", [
@@ -75,4 +77,4 @@ def test_a_loss_bound_first_and_then_added_is_followed():
     source = source.replace("        test_loss += criterion(output, target).item()\n",
                             "        loss = criterion(output, target)\n        test_loss += loss.item()\n")
     result = convert_source(source, "train.py")
-    assert result.output == source and [f.code for f in result.findings] == ["ACC114"]
+    assert [f.code for f in result.findings] == ["ACC146"] and "gather_for_metrics" not in result.output

@@ -169,6 +169,10 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
     placing = [c for c in facts.calls if isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda"
                and key_at(facts, c) != plan.setup and (key_at(facts, c) in handed or _places_what_it_is_handed(
                    facts, key_at(facts, c)))]
+    # `points.cuda()` in a loop over a loader left whole (accelify.analyses.unsharded): its batches go to
+    # `accelerator.device`
+    placing += [c for loop in facts.loops if id(loop) in plan.unsharded_loops for c in findall(loop.body, m.Call(
+        func=m.Attribute(attr=m.Name("cuda")))) if key_at(facts, c) != plan.setup]
     # a function that builds the optimizer for the model it is handed prepares it (accelify.analyses.handed)
     late = [a for key, names in plan.late.items() for n in names for a in facts.assigns.get((key, n), [])]
     # a prepared model handed to another module's code (`ema.step_ema(ema_model, model)`): handed unwrapped

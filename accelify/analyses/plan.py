@@ -38,6 +38,7 @@ from accelify.analyses import (
     prepare_point,
     samplers,
     schedulers,
+    unsharded,
     unused_parameters,
     unwrapping,
 )
@@ -77,6 +78,10 @@ class Plan:
     #: scope: each process takes its share (``split_between_processes``), the results are gathered
     split_lists: list[str] = field(default_factory=list)
     dataloaders: list[str] = field(default_factory=list)
+    #: DataLoaders an evaluation runs over whole on every process, not prepared (accelify.analyses.unsharded)
+    unsharded: list[str] = field(default_factory=list)
+    #: ids of the loops over them: their batches are placed by the script, on ``accelerator.device``
+    unsharded_loops: set[int] = field(default_factory=set)
     models: list[str] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
@@ -344,6 +349,7 @@ def _decide(facts: Facts) -> Plan:
     # from here on every analysis reads the setup scope and what flows out of it: only where it reaches training
     blockers.step("devices", ("distributed", "modelled"), devices_step)
     blockers.step("placed", ("spelling", "devices"), placed_step)
+    blockers.step("unsharded", ("placed",), lambda: unsharded.decide(facts, plan))
     blockers.step("reductions", ("placed",), lambda: distributed.reductions(facts, plan))
     blockers.step("results", ("placed",), lambda: evaluation.kept_results(facts, plan))
     blockers.step("schedulers", ("placed",), schedulers_step)

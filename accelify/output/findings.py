@@ -152,6 +152,10 @@ FINDINGS: dict[str, str] = {
     "ACC145": "NVIDIA apex (`amp.initialize`, `amp.scale_loss`, `apex.parallel.DistributedDataParallel`): apex patches "
     "the optimizer it is handed and scales the loss through it, and the optimizer `prepare` returns is another "
     "object: file left unchanged, with the suggestion to use the Accelerator's mixed precision instead.",
+    "ACC146": "An evaluation whose metrics no gather can collect (a top-k over the batch, a model call accelify "
+    "does not follow, a value rebuilt batch after batch), over a loader only evaluations read: the loader is not "
+    "prepared, and every process evaluates the whole set (metrics of the whole set, as in one process; N times "
+    "the evaluation's work): converted, reported.",
 }
 
 
