@@ -72,6 +72,22 @@ def test_a_helper_that_places_the_batches_is_handed_the_accelerator() -> None:
     assert_stable(out)
 
 
+def test_a_model_bound_again_through_eval_is_the_prepared_model() -> None:
+    """PointNet: `test(classifier.eval(), loader)`, then `classifier = model.eval()` in `test`: the gather
+    analysis does not follow that call, but it is the prepared model, so the loader is left whole."""
+    top_k = TOP_K.replace("def hit_rate(net, loader):\n", "def hit_rate(model, loader):\n    net = model.eval()\n")
+    result = convert(SETUP + top_k + TRAIN + "print(hit_rate(model.eval(), test_loader))\n")
+    assert result.changed and "ACC146" in _codes(result), result.findings
+
+
+def test_a_copy_of_the_model_evaluated_keeps_the_refusal() -> None:
+    """An EMA copy made with `copy.deepcopy(model)` stays where it was made: its device is not the prepared
+    model's, so accelify does not take that evaluation."""
+    source = "import copy\n" + SETUP + TOP_K + TRAIN + "ema = copy.deepcopy(model)\nprint(hit_rate(ema, test_loader))\n"
+    result = convert(source)
+    assert not result.changed and "ACC146" not in _codes(result) and "ACC114" in _codes(result)
+
+
 def test_without_the_fallback_the_file_is_refused() -> None:
     """The same metric over the loader that also trains: it must stay sharded, so no gather, no conversion."""
     source = SETUP + TOP_K + TRAIN + "print(hit_rate(model, train_loader))\n"

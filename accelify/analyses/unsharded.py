@@ -65,6 +65,7 @@ def decide(facts: Facts, plan: Plan) -> bool:
             loops.setdefault(origin, []).append((loop, why))
     whole = {name for name, found in loops.items()
              if any(why is not None for _, why in found) and all(_evaluates(facts, loop) for loop, _ in found)
+             and not any(_runs_another_model(facts, plan, loop) for loop, _ in found)
              and _plain_loader(facts, plan, name)}
     # a loop over loaders of which one stays prepared cannot be left whole for the other
     shared = True
@@ -106,6 +107,61 @@ def _why_not_gathered(facts: Facts, plan: Plan, loop: cst.For) -> Optional[str]:
         return found
     in_loops = {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
     return _kept(facts, loop, frozenset(), in_loops)
+
+
+#: Methods of a module that return the module itself (``classifier = model.eval()``).
+_RETURN_SELF = frozenset({"eval", "train", "to", "cuda", "float", "half", "double", "bfloat16", "requires_grad_"})
+
+
+def _runs_another_model(facts: Facts, plan: Plan, loop: cst.For) -> bool:
+    """The loop calls a name bound in its function (a parameter, an assignment) that accelify does not trace to
+    the prepared model or to a loss: another model (FixMatch's EMA copy ``ema_model.ema``, a
+    ``copy.deepcopy(model)`` left where it was made), whose device accelify does not know. Calls of the file's
+    functions and classes, of imported names and of attributes are not such calls; a model handed on as
+    ``classifier.eval()`` and bound again as ``classifier = model.eval()`` (PointNet's) is the prepared one."""
+    for call in findall(loop.body, m.Call(func=m.Name())):
+        name = call.func.value  # type: ignore[attr-defined]
+        if name in facts.functions or name in facts.classes:
+            continue
+        ref = ref_of(facts, call.func)  # type: ignore[attr-defined]
+        if ref is None or not (facts.assigns.get(ref) or _parameter(facts, ref)):
+            continue  # a builtin, an import, a name bound in a way accelify does not follow
+        if not _known_callable(facts, plan, call.func, 0):  # type: ignore[arg-type]
+            return True
+    return False
+
+
+def _parameter(facts: Facts, ref: Ref) -> bool:
+    func = facts.functions.get(ref[0])
+    return func is not None and ref[1] in param_names(func)
+
+
+def _known_callable(facts: Facts, plan: Plan, expr: cst.BaseExpression, depth: int) -> bool:
+    """``expr`` is the prepared model (a name it flows into, through ``.eval()``-like calls, single assignments and
+    the parameters every call hands it), a loss (``nn.CrossEntropyLoss()``, ``F.mse_loss``), or a function."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _RETURN_SELF:
+        expr = expr.func.value
+    if isinstance(expr, cst.Lambda):
+        return True
+    if isinstance(expr, cst.Call) and any(q.rsplit(".", 1)[-1].endswith("Loss") for q in qualified_names(facts, expr.func)):
+        return True  # a loss module: nothing of its own to place (or the script's weights, placed as before)
+    names = qualified_names(facts, expr)
+    if names and any(q.startswith("torch.nn.functional.") or q.rsplit(".", 1)[-1].endswith("_loss") for q in names):
+        return True
+    if isinstance(expr, cst.Name) and (expr.value in facts.functions or expr.value in facts.classes):
+        return True  # a function of the file handed on
+    ref = ref_of(facts, expr)
+    if ref is None or depth > 5:
+        return False
+    if ref in plan.flow["model"]:
+        return True
+    assigns = facts.assigns.get(ref, [])
+    if _parameter(facts, ref):
+        func = facts.functions[ref[0]]
+        sites = facts.call_sites(ref[0], func)
+        return not assigns and bool(sites) and all(
+            bound.get(ref[1]) is not None and _known_callable(facts, plan, bound[ref[1]], depth + 1) for _, bound in sites)
+    return len(assigns) == 1 and _known_callable(facts, plan, assigns[0].value, depth + 1)
 
 
 def _evaluates(facts: Facts, loop: cst.For) -> bool:
