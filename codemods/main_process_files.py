@@ -37,7 +37,8 @@ _TENSORBOARD = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.
                           "tensorboardX.SummaryWriter"})
 #: loggers every process would run: left to the user (ACC127) but for the TensorBoard writers above
 _LOGGERS = _TENSORBOARD | frozenset({"wandb.init", "mlflow.start_run"})
-#: handlers that write the standard library's log records to a file (codesearch, PointNet, ODE-Net)
+#: handlers that write the standard library's log records to a file (codesearch, PointNet, ODE-Net): made and
+#: attached by the main process where every use is a statement of its own, else ACC127
 _LOG_FILES = frozenset({"logging.FileHandler", "logging.handlers.RotatingFileHandler",
                         "logging.handlers.TimedRotatingFileHandler"})
 #: calls every process must make: a logging statement that makes one cannot go under the main process
@@ -72,8 +73,10 @@ class MainProcessFiles(AccelifyCodemod):
     on every process) is written by the main process; so is a log (``with open(logname, "a") as f:``
     whose body only writes to ``f``, ``csv.writer(f).writerow(...)`` included, a path the script never
     reads back): rank 0's values, as ``accelerator.print`` shows them, once.  Any other file opened for
-    writing is left with ACC127, and so is a ``logging.FileHandler`` (every process's records in one
-    file).  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
+    writing is left with ACC127.  A ``logging.FileHandler`` whose every use is a statement of its own
+    (``handler.setFormatter(...)``, ``logger.addHandler(handler)``) is made and attached by the main process:
+    one process writes the log file (the others' records reach no handler of that logger); any other is left
+    with ACC127 (every process's records in one file).  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
     (``writer.add_scalar(...)``) is created and written by the main process; an optional one
     (``SummaryWriter(...) if args.log else None``, used under ``if writer is not None:``) gets the
     main process as one more condition.  A call of another module's function that writes files
@@ -320,8 +323,8 @@ class MainProcessFiles(AccelifyCodemod):
             return
         names = qualified_names(self, node.func)
         what = None
-        if names & _LOGGERS and id(node) in self._loggers_handled:
-            return
+        if id(node) in self._loggers_handled:
+            return  # a TensorBoard writer or a log file's handler, made by the main process
         if names & _LOGGERS:
             what = f"`{cst.Module(body=[]).code_for_node(node.func)}(...)`: every process logs"
             how = "create it and log under `if accelerator.is_main_process:` (or use `Accelerator(log_with=...)`)"
@@ -358,10 +361,21 @@ class MainProcessFiles(AccelifyCodemod):
         accelerator.is_main_process:`` (one event file, not one per process). ``writer = SummaryWriter(...)
         if args.log else None`` whose every use is under ``if writer is not None:`` (or ``if writer:``): the
         main process is one more condition of its creation. Anything else keeps ACC127."""
+        for call in findall(module, m.Call()):
+            # `logger.addHandler(logging.FileHandler(path))`: the statement goes under the main process
+            if qualified_names(self, call.func) & _LOG_FILES and not under_main_process_check(self, call):  # type: ignore[attr-defined]
+                accelerator = self.accelerator_at(call)
+                line = self._attaching_line(call, accelerator) if accelerator is not None else None
+                if line is not None:
+                    self._logger_lines[id(line)] = accelerator  # type: ignore[assignment]
+                    self._loggers_handled.add(id(call))
         for assign in findall(module, m.Assign()):
             value = assign.value
             call = value.body if isinstance(value, cst.IfExp) and m.matches(value.orelse, m.Name("None")) else value
-            if not isinstance(call, cst.Call) or not qualified_names(self, call.func) & _TENSORBOARD:
+            if not isinstance(call, cst.Call):
+                continue
+            log_file = bool(qualified_names(self, call.func) & _LOG_FILES) and call is value
+            if not (qualified_names(self, call.func) & _TENSORBOARD or log_file):
                 continue
             if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
                 continue
@@ -377,7 +391,8 @@ class MainProcessFiles(AccelifyCodemod):
                 continue
             uses = [a.node for a in assignments[0].references]
             if call is value:
-                lines = [self._logging_line(use, accelerator) for use in uses]
+                lines = [self._logging_line(use, accelerator) or (self._attaching_line(use, accelerator) if log_file else None)
+                         for use in uses]
                 if lines and all(line is not None for line in lines):
                     for line in [statement, *lines]:
                         if not under_main_process_check(self, line):  # (a use already under the check stays)
@@ -399,6 +414,20 @@ class MainProcessFiles(AccelifyCodemod):
         if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or call.func is not attribute:
             return None
         if any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _COLLECTIVE_CALLS for c in findall(line, m.Call())):
+            return None
+        return line if self.accelerator_at(line) == accelerator else None
+
+    def _attaching_line(self, use: cst.CSTNode, accelerator: str) -> Optional[cst.SimpleStatementLine]:
+        """The statement ``logger.addHandler(handler)`` (or ``removeHandler``) that hands ``use`` (``handler``) to a
+        logger, when it is a statement of its own that reaches the same Accelerator; None otherwise."""
+        arg = self.get_metadata(ParentNodeProvider, use, None)
+        call = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        if not (isinstance(call, cst.Call) and m.matches(call.func, m.Attribute(attr=m.Name("addHandler") | m.Name("removeHandler")))
+                and len(call.args) == 1):
+            return None
+        expr = self.get_metadata(ParentNodeProvider, call, None)
+        line = self.get_metadata(ParentNodeProvider, expr, None) if isinstance(expr, cst.Expr) else None
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
             return None
         return line if self.accelerator_at(line) == accelerator else None
 
