@@ -11,6 +11,7 @@ from accelify.analyses.plan import Plan
 from accelify.queries.blocks import Body as Block
 from accelify.queries.blocks import binds, scope_root
 from accelify.queries.names import code_of, read_names
+from accelify.queries.refs import MODULE
 from accelify.queries.training import setup_blocks
 from accelify.queries.trees import replace_in
 from accelify.queries.walk import findall
@@ -50,6 +51,8 @@ class AddAccelerator(AccelifyCodemod):
     DESCRIPTION = "Add `from accelerate import Accelerator` and `accelerator = Accelerator()`."
     REQUIRES = frozenset()
 
+    _module: Optional[cst.Module] = None
+
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
         return not plan.has_accelerator
@@ -66,6 +69,7 @@ class AddAccelerator(AccelifyCodemod):
         """
         if self.plan.has_accelerator:
             return module
+        self._module = module  # the converted tree: its functions may read the Accelerator now
         device = self.other("ACC002")
         if device is not None and device.creation_site() is not None:  # type: ignore[attr-defined]
             # the device codemod created it where the device was
@@ -164,10 +168,27 @@ class AddAccelerator(AccelifyCodemod):
         if block is None:
             return False
         # (a print there counts: it runs wherever the function is called, and nothing puts it back)
-        closures = {s.name.value for s in block.body
-                    if isinstance(s, cst.FunctionDef) and self._reads_accelerator(s.body, quiet=False)}
+        closures = self._functions_reading_it(block)
         return bool(closures) and any(isinstance(c.func, cst.Name) and c.func.value in closures
                                       for c in findall(stmt, m.Call()))  # type: ignore[attr-defined]
+
+    def _functions_reading_it(self, block: Block) -> set[str]:
+        """The functions defined in ``block`` and, for a script set up at its top level, the module's functions
+        (ODE-Net's ``get_logger``, whose log file the main process opens now), that read the Accelerator, by
+        themselves or through another such function they call."""
+        functions = {s.name.value: s for s in block.body if isinstance(s, cst.FunctionDef)}
+        if self.plan.setup == MODULE and self._module is not None:
+            functions = {**{s.name.value: s for s in self._module.body if isinstance(s, cst.FunctionDef)}, **functions}
+        reading = {name for name, f in functions.items() if self._reads_accelerator(f.body, quiet=False)}
+        grew = bool(reading)
+        while grew:
+            grew = False
+            for name, f in functions.items():
+                if name not in reading and any(isinstance(c.func, cst.Name) and c.func.value in reading
+                                               for c in findall(f.body, m.Call())):  # type: ignore[attr-defined]
+                    reading.add(name)
+                    grew = True
+        return reading
 
     def _reads_accelerator(self, node: cst.CSTNode, quiet: bool = True) -> bool:
         quiet = self.shared.quiet_uses if quiet else set()

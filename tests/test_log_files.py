@@ -76,3 +76,40 @@ def main():''')
     result = convert(source)
     assert "ACC127" in [f.code for f in result.findings]
     assert '    handler = logging.FileHandler("train.log")\n    logger.addHandler(handler)\n' in result.output
+
+
+def test_the_accelerator_exists_before_a_module_function_that_reads_it_is_called() -> None:
+    """ODE-Net: `get_logger(...)` at the top of the `__main__` block opens the log file; the main process opens
+    it now, so the Accelerator must exist before that call (it used to be created at the model: a NameError)."""
+    source = '''\
+import logging
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_logger(path):
+    logger = logging.getLogger()
+    handler = logging.FileHandler(path, mode="a")
+    logger.addHandler(handler)
+    return logger
+
+
+if __name__ == "__main__":
+    logger = get_logger("train.log")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+    model = torch.nn.Linear(4, 1).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        logger.info("loss %f", loss.item())
+'''
+    result = convert(source)
+    lines = result.output.splitlines()
+    assert "    if accelerator.is_main_process:" in lines
+    assert lines.index("    accelerator = Accelerator()") < lines.index('    logger = get_logger("train.log")')
+    assert_stable(result.output)

@@ -227,7 +227,10 @@ class Plan:
             return self.accelerator
         if key in self.needs_accelerator:
             return "accelerator"
-        if key.split(".")[0] in self.accelerator_classes and "." in key:
+        top = key.split(".")[0]
+        if "." in key and top in self.accelerator_params and top not in self.accelerator_classes:
+            return "accelerator"  # a function defined inside one handed the accelerator reads its parameter
+        if top in self.accelerator_classes and "." in key:
             return "self.accelerator"
         return None
 

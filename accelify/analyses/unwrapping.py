@@ -11,7 +11,7 @@ from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.data import foreign_callee
 from accelify.queries.blocks import scope_root
-from accelify.queries.names import has_qname, root_name
+from accelify.queries.names import TORCH_SAVE, has_qname, root_name
 from accelify.queries.refs import key_at, ref_of
 from accelify.queries.training import BACKWARD, locate_setup, rebound_region
 from accelify.queries.walk import findall
@@ -121,7 +121,8 @@ MODULE_API = frozenset({
 
 def handed_away(facts, plan: Plan) -> set[int]:
     """The prepared models (plain names) handed, in a call made as a statement of its own, to code of another
-    module: a function imported from it, or a method of an object made from one of its classes (dome272's
+    module (or in a call whose result is saved right away, GAT's ``torch.save(utils.get_training_state(config,
+    gat), path)``): a function imported from it, or a method of an object made from one of its classes (dome272's
     ``ema.step_ema(ema_model, model)``, whose ``ema_model.load_state_dict(model.state_dict())`` would meet the
     DistributedDataParallel wrapper's ``module.`` keys). They are handed ``accelerator.unwrap_model(model)``:
     the model itself, its parameters shared with the wrapper. Nothing the call returns reaches a backward,
@@ -129,7 +130,13 @@ def handed_away(facts, plan: Plan) -> set[int]:
     so the wrapper's gradient synchronisation is not bypassed. Output: ids of the argument expressions."""
     found: set[int] = set()
     for call in facts.calls:
-        if not isinstance(facts.get_metadata(ParentNodeProvider, call, None), cst.Expr):
+        parent = facts.get_metadata(ParentNodeProvider, call, None)
+        saved = None
+        if isinstance(parent, cst.Arg) and parent.keyword is None:
+            saved = facts.get_metadata(ParentNodeProvider, parent, None)
+        # (or what it returns is saved right away: GAT's `torch.save(utils.get_training_state(config, gat), path)`)
+        if not isinstance(parent, cst.Expr) and not (
+                isinstance(saved, cst.Call) and saved.args and saved.args[0] is parent and has_qname(facts, saved.func, TORCH_SAVE)):
             continue
         models = [a.value for a in call.args if isinstance(a.value, cst.Name) and ref_of(facts, a.value) in plan.flow["model"]]
         root = root_name(call.func)
