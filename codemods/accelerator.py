@@ -96,7 +96,8 @@ class AddAccelerator(AccelifyCodemod):
             if imports:
                 index = imports[-1] + 1
         # Its arguments (`gradient_accumulation_steps=N`, an `enabled=` flag) must be bound first.
-        arguments = [i for i, stmt in enumerate(block.body) if binds(stmt, self.plan.argument_names)]
+        names_read = self._argument_names()
+        arguments = [i for i, stmt in enumerate(block.body) if binds(stmt, names_read)]
         # (after its first use, only what leaves the arguments' values alone: `args.start_epoch = 3`
         # when the Accelerator reads `args.cuda`)
         read = _read_chains(self.plan.accelerator_args())
@@ -104,9 +105,9 @@ class AddAccelerator(AccelifyCodemod):
         # (`args.cuda = ...` below the DataLoaders) puts it later, if nothing reads it before.
         reading = next((i for i, stmt in enumerate(block.body)
                         if not isinstance(stmt, cst.FunctionDef) and self._uses_accelerator(stmt, block)), len(block.body))
-        if any(i >= reading and binds(block.body[i], self.plan.argument_names, read) for i in arguments):
+        if any(i >= reading and binds(block.body[i], names_read, read) for i in arguments):
             raise RuntimeError("an argument of the Accelerator is bound after its first use")
-        arguments = [i for i in arguments if i < first_use or binds(block.body[i], self.plan.argument_names, read)]
+        arguments = [i for i in arguments if i < first_use or binds(block.body[i], names_read, read)]
         if arguments:
             index = max(index, arguments[-1] + 1)
         self._import()
@@ -144,7 +145,7 @@ class AddAccelerator(AccelifyCodemod):
             if first is None:
                 return module
             read = _read_chains(self.plan.accelerator_args())
-            if any(binds(stmt, self.plan.argument_names, read) for stmt in block.body[first:at]):
+            if any(binds(stmt, self._argument_names(), read) for stmt in block.body[first:at]):
                 raise RuntimeError("the Accelerator is read before the device line where it is created, and its "
                                    "arguments are bound in between")
             body = list(block.body)
@@ -155,6 +156,11 @@ class AddAccelerator(AccelifyCodemod):
                 return module.with_changes(body=body)
             return replace_in(module, block, block.with_changes(body=body))
         return module
+
+    def _argument_names(self) -> set[str]:
+        """The names the Accelerator's arguments read: the analysis's, and the roots of what its arguments read
+        (``cpu=not cuda``: ``cuda``, a flag a device was chosen by)."""
+        return self.plan.argument_names | {chain.split(".")[0] for chain in _read_chains(self.plan.accelerator_args())}
 
     def _import(self) -> None:
         add_accelerator_imports(self.context, self.plan)
@@ -177,9 +183,14 @@ class AddAccelerator(AccelifyCodemod):
         (ODE-Net's ``get_logger``, whose log file the main process opens now), that read the Accelerator, by
         themselves or through another such function they call."""
         functions = {s.name.value: s for s in block.body if isinstance(s, cst.FunctionDef)}
-        if self.plan.setup == MODULE and self._module is not None:
-            functions = {**{s.name.value: s for s in self._module.body if isinstance(s, cst.FunctionDef)}, **functions}
         reading = {name for name, f in functions.items() if self._reads_accelerator(f.body, quiet=False)}
+        if self.plan.setup == MODULE and self._module is not None:
+            # (a print of theirs does not count: ACC008 keeps it a print where they run before the Accelerator)
+            for s in self._module.body:
+                if isinstance(s, cst.FunctionDef) and s.name.value not in functions:
+                    functions[s.name.value] = s
+                    if self._reads_accelerator(s.body):
+                        reading.add(s.name.value)
         grew = bool(reading)
         while grew:
             grew = False

@@ -20,6 +20,11 @@ Environment:
   ``{"event": "effect", "kind", "path", "file", "line", "code"}``, the first print of each line of
   code too, and ``{"event": "prints", "counts": [...]}`` when the script ends). ``accelify verify``
   runs both.
+- ``ACCELIFY_READ_AHEAD``: set (``accelify verify`` sets it for a second run of the original when the first
+  one's losses differ), every ``torch.utils.data.DataLoader`` reads the next batch before it hands out the
+  current one, as Accelerate's prepared DataLoader does (``DataLoaderShard.__iter__``, which looks one batch
+  ahead to know the last one): the random draws of loading (augmentations, an iterator's base seed) then come
+  in the same order as in a converted script, around the training step's own draws (dropout, noise).
 - ``ACCELIFY_TRACE_STEPS``: after that many optimizer steps (0 or unset: no limit) the process
   ends cleanly: the step hook raises ``StepLimitReached`` (a ``SystemExit(0)``, which no
   ``except Exception`` catches), the end is recorded, and under a process group every rank (they
@@ -62,6 +67,7 @@ from accelify.runtime.checks import after_import
 TRACE_VAR = "ACCELIFY_TRACE"
 STEPS_VAR = "ACCELIFY_TRACE_STEPS"
 CHECKS_VAR = "ACCELIFY_CHECKS"
+READ_AHEAD_VAR = "ACCELIFY_READ_AHEAD"
 
 
 class StepLimitReached(SystemExit):
@@ -277,6 +283,26 @@ def _install_checks(names: str, recorder: _Recorder | None) -> None:
         checks.install_device_check(None if recorder is None else lambda details: recorder.write(event="device", **details))
 
 
+def _read_ahead() -> None:
+    """Every DataLoader reads one batch ahead of the one it hands out (see ``ACCELIFY_READ_AHEAD``)."""
+    from torch.utils.data import DataLoader
+
+    plain = DataLoader.__iter__
+
+    def ahead(self):
+        batches = plain(self)
+        try:
+            current = next(batches)
+        except StopIteration:
+            return
+        for following in batches:
+            yield current
+            current = following
+        yield current
+
+    DataLoader.__iter__ = ahead  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -292,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
                        hook=os.path.abspath(__file__))
         _install(recorder)
     _install_checks(os.environ.get(CHECKS_VAR, ""), recorder)
+    if os.environ.get(READ_AHEAD_VAR):
+        _read_ahead()
     _seed_host_generators()
     leave_spawned_workers_cleanly()
 

@@ -287,3 +287,56 @@ def test_a_stop_taken_together_keeps_the_processes_in_step(tmp_path):
     result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked,
                     converted_source=per_process, timeout=30)
     assert result.distributed.verdict in ("timeout", "uneven-steps", "failed"), result.distributed.message
+
+
+READ_AHEAD = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Noisy(Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        x = torch.full((4,), float(i)) / 32
+        return x + 0.1 * torch.rand(4), torch.tensor([float(i % 2)])
+
+
+def main():
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = DataLoader(Noisy(), batch_size=8, shuffle=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_difference_that_is_only_the_read_ahead_is_told_apart(tmp_path):
+    """The dataset draws its noise from the global generator as batches are loaded, dropout as the model trains:
+    a prepared DataLoader loads the next batch before handing out the current one, so the noise of the second
+    batch is drawn before the first step's dropout, and the losses differ from the first. Run with its loaders reading ahead, the original
+    has the converted script's losses: `identical-read-ahead`. A real change (another learning rate) stays
+    `different`."""
+    (tmp_path / "train.py").write_text(READ_AHEAD, encoding="utf-8")
+    result = verify("train.py", steps=6, cwd=str(tmp_path), env=script_env(), start=start_forked)
+    assert (result.verdict, result.exit_code) == ("identical-read-ahead", 0), result.message
+    assert result.equivalent and result.first_difference is not None
+    assert "reading one batch ahead" in result.message
+    converted = convert_source(READ_AHEAD, "train.py").output
+    broken = converted.replace("lr=0.1", "lr=0.2")
+    assert broken != converted
+    result = verify("train.py", steps=6, cwd=str(tmp_path), env=script_env(), start=start_forked,
+                    converted_source=broken)
+    assert (result.verdict, result.exit_code) == ("different", 1), result.message

@@ -51,13 +51,30 @@ def test_through_another_helper() -> None:
     assert '    print("examples:", n)' in out and "accelerator.print(\"examples" not in out
 
 
-def test_a_helper_that_needs_the_accelerator_before_it_exists_leaves_the_file_unchanged() -> None:
-    """`load()` would read `accelerator.device` before the Accelerator exists: no file that fails
-    with a NameError; the file is left as it is, with the reason (as an internal error for now)."""
+def test_a_helper_that_needs_the_accelerator_is_called_after_it_is_created() -> None:
+    """`load()` reads `accelerator.device` once converted: the Accelerator is created before the first call."""
     source = SCRIPT.replace('    print("examples:", n)\n', '    print("examples:", n)\n    torch.zeros(1).cuda()\n')
     result = pipeline.convert_source(source, "train.py")
+    assert result.error is None and result.changed
+    out = result.output
+    assert "    torch.zeros(1).to(accelerator.device)\n" in out
+    assert out.index("accelerator = Accelerator()") < out.index("data = load(8)")
+
+
+def test_a_helper_that_needs_the_accelerator_before_it_can_exist_leaves_the_file_unchanged() -> None:
+    """The Accelerator reads a flag bound after `load()` runs (`Accelerator(cpu=not cuda)`), and `load()` would read
+    `accelerator.device`: no file that fails with a NameError; the file is left as it is, with the reason (as an
+    internal error for now)."""
+    source = SCRIPT.replace('    print("examples:", n)\n', '    print("examples:", n)\n    torch.zeros(1).cuda()\n').replace(
+        "    model = torch.nn.Linear(4, 2)\n",
+        "    cuda = torch.cuda.is_available() and len(data) > 0\n"
+        "    device = torch.device(\"cuda\" if cuda else \"cpu\")\n"
+        "    model = torch.nn.Linear(4, 2).to(device)\n")
+    result = pipeline.convert_source(source, "train.py")
     assert not result.changed and result.output == source
-    assert "`load` reads the Accelerator and runs before it is created" in result.error
+    # (it was converted with `accelerator = Accelerator(cpu=not cuda)` above `cuda = ...`: a NameError)
+    assert "the Accelerator is read before the device line where it is created, and its arguments are bound in " \
+           "between" in result.error
 
 
 def test_a_model_run_before_prepare_keeps_its_placement() -> None:

@@ -13,6 +13,10 @@ Verdicts (``Verification.verdict``) and exit codes:
 
 - ``identical`` (0): the same losses, bit for bit, at the same steps;
 - ``within-rtol`` (0): every pair within ``rtol`` (relative to the larger of the two);
+- ``identical-read-ahead`` (0): the losses differ, and the original run again with its DataLoaders reading
+  one batch ahead, as Accelerate's prepared DataLoader does, has the converted script's losses (bit for bit,
+  or within ``rtol``): loading and training draw from the global random generator in another order, and
+  nothing else differs;
 - ``different`` (1): the first differing loss (its index and step, both values), or one side
   recorded more losses or took more optimizer steps than the other;
 - ``same-output`` (0): neither run passed a loss to backward (an evaluation or inference script)
@@ -180,7 +184,7 @@ class Verification:
 
     @property
     def equivalent(self) -> bool:
-        return self.verdict in ("identical", "within-rtol", "same-output")
+        return self.verdict in ("identical", "within-rtol", "same-output", "identical-read-ahead")
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -665,4 +669,36 @@ def verify(
                 _name_converted_copy(run, copy.name, f"{script.name} (converted)")
     result = judge(path, steps, rtol, original, converted, judge_distributed(multi) if multi else None)
     result.findings = findings
+    if result.verdict == "different" and result.first_difference is not None:
+        _read_ahead(result, path, args, cwd, run_env, steps, timeout, progress, start)
     return result
+
+
+def _read_ahead(result: Verification, path: str, args: list[str], cwd: str, env: dict[str, str], steps: int,
+                timeout: float, progress: Optional[ProgressCallback], start: Starter) -> None:
+    """The losses differ: run the original again with its DataLoaders reading one batch ahead, as a prepared
+    DataLoader does (``accelify.runtime.trace``, ``ACCELIFY_READ_AHEAD``). The same losses as the conversion's
+    then: the verdict is ``identical-read-ahead`` (the global random generator was drawn in another order,
+    Accelerate's own, and nothing else differed); else the first verdict stands."""
+    ahead = Run("original, reading ahead")
+    workdir = tempfile.mkdtemp(prefix="accelify-verify-")
+    try:
+        run_all([(ahead, [sys.executable, "-m", "accelify.runtime.trace", path, *args])], cwd,
+                {**env, "ACCELIFY_READ_AHEAD": "1"}, steps, timeout, workdir, progress, start)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    converted = result.converted
+    if converted is None or not ahead.ok or ahead.steps != converted.steps:
+        return
+    verdict, _ = compare(ahead.losses, converted.losses, result.rtol)
+    if verdict not in ("identical", "within-rtol"):
+        return
+    what = "bit for bit" if verdict == "identical" else f"within a relative {result.rtol:g}"
+    result.message = (f"the same {len(ahead.losses)} losses over {ahead.steps[0]} optimizer steps, {what}, as the original "
+                      "run with its DataLoaders reading one batch ahead, as Accelerate's prepared DataLoader does "
+                      f"(as it is written: {result.message}); the random draws of loading and of training come in "
+                      "another order, nothing else differs")
+    result.verdict = "identical-read-ahead"
+    distributed = result.distributed
+    result.exit_code = EXIT_EQUIVALENT if distributed is None or distributed.verdict == "ok" else (
+        EXIT_RUN_FAILED if distributed.verdict in ("failed", "timeout") else EXIT_DIFFERENT)

@@ -102,7 +102,8 @@ def _groups(source: list[str], derived: list[str]) -> list[tuple[int, int, int, 
 
 def rejoin(source: str, derived: str, output: str) -> str:
     """``output`` (the conversion of ``derived``, the split ``source``) with every group of split lines that
-    came out untouched, and in a row, put back as ``source`` had it."""
+    came out untouched, and in a row, put back as ``source`` had it; of a line of statements some of which were
+    changed or removed, the ones left untouched and in a row stay on one line."""
     original = source.splitlines(keepends=True)
     middle = derived.splitlines(keepends=True)
     final = output.splitlines(keepends=True)
@@ -115,6 +116,14 @@ def rejoin(source: str, derived: str, output: str) -> str:
         at = [kept.get(j) for j in range(j1, j2)]
         if j2 > j1 and None not in at and at == list(range(at[0], at[0] + len(at))):  # type: ignore[operator]
             swaps[at[0]] = (len(at), original[i1:i2])  # type: ignore[index]
+            continue
+        # `x = x.to(device); n = n; k = x.sum()` whose first statement went: what is left stays on one line
+        left = [a for a in at if a is not None]
+        indents = {_indent(middle[j]) for j in range(j1, j2)}
+        if i2 - i1 == 1 and len(left) > 1 and len(indents) == 1 and left == list(range(left[0], left[0] + len(left))):
+            lines = [final[a].rstrip("\r\n") for a in left]
+            newline = final[left[-1]][len(lines[-1]):]
+            swaps[left[0]] = (len(left), [lines[0] + "".join("; " + line.strip() for line in lines[1:]) + newline])
     out: list[str] = []
     line = 0
     while line < len(final):
@@ -126,6 +135,10 @@ def rejoin(source: str, derived: str, output: str) -> str:
             out.append(final[line])
             line += 1
     return "".join(out)
+
+
+def _indent(line: str) -> str:
+    return line[:len(line) - len(line.lstrip())]
 
 
 class Positions:
