@@ -94,16 +94,11 @@ def _may_train(tree: ast.AST, source: str) -> bool:
                     backward = True
                 elif func.attr in _MODULE_METHODS:
                     methods = True
-        elif isinstance(node, ast.Name):
-            if node.id == "DataLoader":
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            identifier = node.id if isinstance(node, ast.Name) else node.attr
+            if identifier == "DataLoader":
                 loaders = True
-            elif node.id == "Accelerator":
-                named.append(node)
-            continue
-        elif isinstance(node, ast.Attribute):
-            if node.attr == "DataLoader":
-                loaders = True
-            elif node.attr == "Accelerator":
+            elif identifier == "Accelerator":
                 named.append(node)
             continue
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
