@@ -18,27 +18,22 @@ import libcst as cst
 
 def has_joined(module: cst.Module) -> bool:
     """Some line holds several statements (``a; b``), or a compound statement's body sits on its
-    header's line (``if x: model.cuda()``; not ``if done: break``)."""
-    return _Finder().found(module)
-
-
-class _Finder(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.joined = False
-
-    def found(self, module: cst.Module) -> bool:
-        module.visit(self)
-        return self.joined
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.joined:
-            return False
+    header's line (``if x: model.cuda()``; not ``if done: break``). Statements only are walked (their blocks,
+    ``else``, handlers, ``finally``, cases), not the expressions in them."""
+    todo: list[cst.CSTNode] = list(module.body)
+    while todo:
+        node = todo.pop()
         if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
             if _joined(node):
-                self.joined = True
-            return False  # nothing below a simple statement holds statements
-        return True
+                return True
+            continue
+        for name in ("body", "orelse", "handlers", "finalbody", "cases"):
+            part = getattr(node, name, None)
+            if isinstance(part, cst.CSTNode):
+                todo.append(part)
+            elif isinstance(part, (list, tuple)):
+                todo.extend(part)
+    return False
 
 
 #: Statements on a header's line no conversion edits (``if done: break``, ``else: return None``).

@@ -83,6 +83,11 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         return Result(path, source, source, error=_syntax_error(path, source, exc))
     if joined.has_joined(module):
         return _convert_joined(module, source, path, options)
+    return _convert_parsed(module, source, path, options)
+
+
+def _convert_parsed(module: cst.Module, source: str, path: str, options: Options) -> Result:
+    """The conversion of ``source``, parsed as ``module`` (one statement per line)."""
     try:
         # (a notebook's cells are one program already; its modules are not converted with it yet)
         unit = unit_of(source, path) if not path.endswith(".ipynb") else None
@@ -91,7 +96,7 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
         if alone:
             result = _convert_specialised(module, source, path, options) or _convert(module, source, path, options)
     except Exception as exc:  # a bug of ours must never cost the user a file
-        return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {brief(exc)}")
+        return _internal_error(path, source, exc)
     finally:
         walk.activate(None)
     if alone and result.error is None and not result.changed and not result.findings:
@@ -102,17 +107,24 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
     return result
 
 
+def _internal_error(path: str, source: str, exc: Exception) -> Result:
+    return Result(path, source, source, error=f"{path}: internal error, file left unchanged: {brief(exc)}")
+
+
 def _convert_joined(module: cst.Module, source: str, path: str, options: Options) -> Result:
     """A file with statements joined on a line (``a; b``) converted with one statement per line
     (:mod:`accelify.core.joined`): the lines the conversion leaves alone come back as written, the
     positions of what is said on the file's own lines."""
-    derived = joined.split(module)
-    result = convert_source(derived, path, options)
-    positions = joined.Positions(source, derived)
-    output = source if result.error is not None or result.output == derived else joined.rejoin(source, derived, result.output)
-    findings = sorted(replace(f, line=positions.line(f.line), column=positions.column(f.line, f.column))
-                      for f in result.findings)
-    changes = sorted(replace(c, line=positions.line(c.line)) for c in result.changes)
+    try:
+        derived = joined.split(module)
+        result = _convert_parsed(cst.parse_module(derived), derived, path, options)
+        positions = joined.Positions(source, derived)
+        output = source if result.error is not None or result.output == derived else joined.rejoin(source, derived, result.output)
+        findings = sorted(replace(f, line=positions.line(f.line), column=positions.column(f.line, f.column))
+                          for f in result.findings)
+        changes = sorted(replace(c, line=positions.line(c.line)) for c in result.changes)
+    except Exception as exc:  # the split and the putting back are ours too
+        return _internal_error(path, source, exc)
     return replace(result, source=source, output=output, findings=findings, changes=changes)
 
 
