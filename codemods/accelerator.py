@@ -52,6 +52,8 @@ class AddAccelerator(AccelifyCodemod):
     REQUIRES = frozenset()
 
     _module: Optional[cst.Module] = None
+    #: per block (its id): the functions that read the Accelerator, asked once per statement of the block
+    _reading: Optional[dict[int, set[str]]] = None
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
@@ -70,6 +72,7 @@ class AddAccelerator(AccelifyCodemod):
         if self.plan.has_accelerator:
             return module
         self._module = module  # the converted tree: its functions may read the Accelerator now
+        self._reading = {}
         device = self.other("ACC002")
         if device is not None and device.creation_site() is not None:  # type: ignore[attr-defined]
             # the device codemod created it where the device was
@@ -182,6 +185,9 @@ class AddAccelerator(AccelifyCodemod):
         """The functions defined in ``block`` and, for a script set up at its top level, the module's functions
         (ODE-Net's ``get_logger``, whose log file the main process opens now), that read the Accelerator, by
         themselves or through another such function they call."""
+        known = self._reading.get(id(block)) if self._reading is not None else None
+        if known is not None:
+            return known
         functions = {s.name.value: s for s in block.body if isinstance(s, cst.FunctionDef)}
         reading = {name for name, f in functions.items() if self._reads_accelerator(f.body, quiet=False)}
         if self.plan.setup == MODULE and self._module is not None:
@@ -199,6 +205,8 @@ class AddAccelerator(AccelifyCodemod):
                                                for c in findall(f.body, m.Call())):  # type: ignore[attr-defined]
                     reading.add(name)
                     grew = True
+        if self._reading is not None:
+            self._reading[id(block)] = reading
         return reading
 
     def _reads_accelerator(self, node: cst.CSTNode, quiet: bool = True) -> bool:

@@ -409,13 +409,13 @@ class MainProcessFiles(AccelifyCodemod):
         its own, makes no collective call, and reaches the same Accelerator; None otherwise."""
         attribute = self.get_metadata(ParentNodeProvider, use, None)
         call = self.get_metadata(ParentNodeProvider, attribute, None) if isinstance(attribute, cst.Attribute) else None
-        expr = self.get_metadata(ParentNodeProvider, call, None) if isinstance(call, cst.Call) else None
-        line = self.get_metadata(ParentNodeProvider, expr, None) if isinstance(expr, cst.Expr) else None
-        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or call.func is not attribute:
+        if not isinstance(call, cst.Call) or call.func is not attribute:
             return None
-        if any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _COLLECTIVE_CALLS for c in findall(line, m.Call())):
+        line = self._own_line(call, accelerator)
+        if line is None or any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _COLLECTIVE_CALLS
+                               for c in findall(line, m.Call())):
             return None
-        return line if self.accelerator_at(line) == accelerator else None
+        return line
 
     def _attaching_line(self, use: cst.CSTNode, accelerator: str) -> Optional[cst.SimpleStatementLine]:
         """The statement ``logger.addHandler(handler)`` (or ``removeHandler``) that hands ``use`` (``handler``) to a
@@ -425,6 +425,10 @@ class MainProcessFiles(AccelifyCodemod):
         if not (isinstance(call, cst.Call) and m.matches(call.func, m.Attribute(attr=m.Name("addHandler") | m.Name("removeHandler")))
                 and len(call.args) == 1):
             return None
+        return self._own_line(call, accelerator)
+
+    def _own_line(self, call: cst.Call, accelerator: str) -> Optional[cst.SimpleStatementLine]:
+        """The line ``call`` is the only statement of, when code there reaches ``accelerator``; None otherwise."""
         expr = self.get_metadata(ParentNodeProvider, call, None)
         line = self.get_metadata(ParentNodeProvider, expr, None) if isinstance(expr, cst.Expr) else None
         if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:

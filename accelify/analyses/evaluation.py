@@ -326,8 +326,7 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
     ``append``, ``add_batch``) are not such results."""
     from accelify.queries.names import WRITERS
 
-    # assignments inside some loop: per-batch values, not results that outlive the loop
-    in_loops = {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
+    in_loops = assigns_in_loops(facts)
     for loop in facts.loops:
         if ref_of(facts, peel_iterable(facts, loop.iter)) not in plan.flow["loader"]:
             continue
@@ -335,7 +334,7 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
             continue  # a training loop: what it keeps is per process by nature (a running loss)
         # a training script's sample image of a batch (`if i == 0: save_image(...)`) is the main
         # process's batch, written once (ACC017): only an evaluation's files are its results
-        why = _kept(facts, loop, WRITERS if plan.evaluation else frozenset(), in_loops)
+        why = kept_by(facts, loop, WRITERS if plan.evaluation else frozenset(), in_loops)
         if why is None and plan.evaluation:
             why = _printed_per_batch(facts, plan, loop)
         if why is not None:
@@ -350,7 +349,14 @@ def kept_results(facts: Facts, plan: Plan) -> bool:
     return True
 
 
-def _kept(facts: Facts, loop: cst.For, writers: frozenset[str], in_loops: set[int]) -> Optional[str]:
+def assigns_in_loops(facts: Facts) -> set[int]:
+    """Ids of the assignments inside some loop: per-batch values, not results that outlive the loop (``kept_by``)."""
+    return {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
+
+
+def kept_by(facts: Facts, loop: cst.For, writers: frozenset[str], in_loops: set[int]) -> Optional[str]:
+    """What ``loop`` keeps that no gather covers (a value rebuilt batch after batch, a write into an object from
+    before the loop, a file ``writers`` writes batch by batch), as the finding says it; None when nothing."""
     key = key_at(facts, loop)
     per_batch = set(assigned_names(loop.target))
 

@@ -190,9 +190,10 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
         elif top != key and top in facts.classes and _class_can_take_accelerator(facts, plan, top):
             plan.accelerator_classes.add(top)
         elif top != key and top in facts.functions and top not in plan.device_params and \
-                _can_take_accelerator(facts, plan, top) and _closure_reads_it(facts, top, key):
+                _can_take_accelerator(facts, plan, top):
             # a function defined inside a module-level one (GAT's `main_loop` inside `get_main_loop`): the outer
-            # one takes the accelerator, the inner one reads it from there
+            # one takes the accelerator, the inner one reads it from there (no name `accelerator` in the outer one,
+            # the inner included, would hide it: `_can_take_accelerator`)
             plan.needs_accelerator.add(top)
             plan.accelerator_params.add(top)
     # A helper that hands its own device parameter to one that now takes the accelerator
@@ -214,16 +215,6 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
                 ):
                     plan.needs_accelerator.add(caller)
                     changed = True
-
-
-def _closure_reads_it(facts: Facts, top: str, key: str) -> bool:
-    """``key`` is a function defined directly or deeper inside ``top`` that binds no name ``accelerator`` of its own
-    (it would hide the outer function's parameter)."""
-    func = facts.functions[top]
-    return not any(isinstance(n, cst.Name) and n.value == "accelerator"
-                   for a in findall(func.body, m.Assign()) for t in a.targets for n in findall(t.target, m.Name())) and \
-        not any(p.name.value == "accelerator" for f in findall(func.body, m.FunctionDef())
-                for p in (*f.params.params, *f.params.kwonly_params, *f.params.posonly_params))  # type: ignore[attr-defined]
 
 
 def _places_what_it_is_handed(facts: Facts, key: Optional[str]) -> bool:

@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
-from accelify.analyses.evaluation import _kept
+from accelify.analyses.evaluation import assigns_in_loops, kept_by
 from accelify.analyses.facts import Facts, bind_arguments, param_names
 from accelify.analyses.gathers import Refusal, find_gather
 from accelify.analyses.ranks import under_main_process_check
@@ -53,6 +53,8 @@ def decide(facts: Facts, plan: Plan) -> bool:
     if plan.evaluation or plan.class_mode or _reduces_by_hand(facts):
         return True
     loops: dict[str, list[tuple[cst.For, Optional[str]]]] = {}  # loader -> its loops, why each cannot be gathered
+    origins_of: dict[int, set[str]] = {}  # loop -> the loaders it runs over
+    in_loops = assigns_in_loops(facts)
     for loop in facts.loops:
         ref = ref_of(facts, peel_iterable(facts, loop.iter))
         if ref not in plan.flow["loader"]:
@@ -60,7 +62,8 @@ def decide(facts: Facts, plan: Plan) -> bool:
         origins = _origins(facts, plan, ref, 0)
         if origins is None:
             return True  # a loop over a loader accelify cannot trace to its DataLoader: leave every loader as it is
-        why = _why_not_gathered(facts, plan, loop)
+        origins_of[id(loop)] = origins
+        why = _why_not_gathered(facts, plan, loop, in_loops)
         for origin in origins:
             loops.setdefault(origin, []).append((loop, why))
     whole = {name for name, found in loops.items()
@@ -72,8 +75,7 @@ def decide(facts: Facts, plan: Plan) -> bool:
     while shared:
         shared = False
         for name in sorted(whole):
-            if any(set(_origins(facts, plan, ref_of(facts, peel_iterable(facts, loop.iter)), 0) or ()) - whole
-                   for loop, _ in loops[name]):
+            if any(origins_of[id(loop)] - whole for loop, _ in loops[name]):
                 whole.discard(name)
                 shared = True
     if not whole:
@@ -95,9 +97,9 @@ def decide(facts: Facts, plan: Plan) -> bool:
     return True
 
 
-def _why_not_gathered(facts: Facts, plan: Plan, loop: cst.For) -> Optional[str]:
+def _why_not_gathered(facts: Facts, plan: Plan, loop: cst.For, in_loops: set[int]) -> Optional[str]:
     """Why the metrics of ``loop`` (over a prepared loader) cannot be gathered; None when they can, or it
-    keeps none."""
+    keeps none. ``in_loops``: the ids of the assignments inside some loop."""
     if findall(loop.body, m.Attribute(attr=m.Name("backward"))):
         return None
     found = find_gather(facts, loop, plan)
@@ -105,8 +107,7 @@ def _why_not_gathered(facts: Facts, plan: Plan, loop: cst.For) -> Optional[str]:
         return found.message.removesuffix(" File not converted.").rstrip(".")
     if isinstance(found, str):
         return found
-    in_loops = {id(n) for other in (*facts.loops, *facts.whiles) for n in findall(other.body, m.Assign())}  # type: ignore[attr-defined]
-    return _kept(facts, loop, frozenset(), in_loops)
+    return kept_by(facts, loop, frozenset(), in_loops)
 
 
 #: Methods of a module that return the module itself (``classifier = model.eval()``).

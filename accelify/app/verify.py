@@ -306,9 +306,16 @@ def judge(path: str, steps: int, rtol: float, original: Run, converted: Run,
         steps_taken = original.steps[0]
         what = "bit for bit" if verdict == "identical" else f"within a relative {rtol:g}"
         result.message = f"the same {count} losses over {steps_taken} optimizer steps, {what}"
-    if distributed is not None and result.exit_code == EXIT_EQUIVALENT and distributed.verdict != "ok":
-        result.exit_code = EXIT_RUN_FAILED if distributed.verdict in ("failed", "timeout") else EXIT_DIFFERENT
+    if result.exit_code == EXIT_EQUIVALENT:
+        result.exit_code = _distributed_exit(distributed)
     return result
+
+
+def _distributed_exit(distributed: Optional[Distributed]) -> int:
+    """The exit code of runs found equivalent in one process, after the multi-process run's verdict."""
+    if distributed is None or distributed.verdict == "ok":
+        return EXIT_EQUIVALENT
+    return EXIT_RUN_FAILED if distributed.verdict in ("failed", "timeout") else EXIT_DIFFERENT
 
 
 def _same_output(a: str, b: str) -> tuple[bool, int]:
@@ -699,6 +706,4 @@ def _read_ahead(result: Verification, path: str, args: list[str], cwd: str, env:
                       f"(as it is written: {result.message}); the random draws of loading and of training come in "
                       "another order, nothing else differs")
     result.verdict = "identical-read-ahead"
-    distributed = result.distributed
-    result.exit_code = EXIT_EQUIVALENT if distributed is None or distributed.verdict == "ok" else (
-        EXIT_RUN_FAILED if distributed.verdict in ("failed", "timeout") else EXIT_DIFFERENT)
+    result.exit_code = _distributed_exit(result.distributed)
