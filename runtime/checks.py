@@ -522,6 +522,7 @@ def install_side_effects(record: Callable[[dict[str, Any]], None]) -> SideEffect
     """Record this process's side effects (see ``SideEffects``) from now on."""
     import shutil
     import tarfile
+    import tempfile
     import urllib.request
     import zipfile
 
@@ -552,6 +553,10 @@ def install_side_effects(record: Callable[[dict[str, Any]], None]) -> SideEffect
     effects.wrap(zipfile.ZipFile, "extract", "extract", lambda self, member, path=None, *a, **k: path or os.getcwd())
     effects.wrap(tarfile.TarFile, "extractall", "extract", lambda self, path=".", *a, **k: path)
     effects.wrap(tarfile.TarFile, "extract", "extract", lambda self, member, path="", *a, **k: path or os.getcwd())
+    # a temporary file or directory has a name of its own in each process (numba probes its cache
+    # directory with one under librosa.load): never a race
+    for private in ("TemporaryFile", "NamedTemporaryFile", "mkstemp", "mkdtemp"):  # the classes call these
+        effects.wrap(tempfile, private, "write", first, when=lambda *a, **k: False)  # nothing inside recorded
     effects.wrap(urllib.request, "urlretrieve", "download", lambda url, filename=None, *a, **k: filename,
                  when=lambda url, *a, **k: True)
     effects.wrap(urllib.request, "urlopen", "download", lambda url, *a, **k: _url(url))

@@ -213,6 +213,11 @@ print("\\nLoading data...")
 import sys
 for i in range(2):
     sys.stdout.write(f"\\rbatch {i}")
+import tempfile  # files of a name no other process has: numba probes its cache directory so
+tempfile.TemporaryFile(dir=".").close()
+with tempfile.NamedTemporaryFile(dir=".") as f:
+    f.write(b"x")
+tempfile.TemporaryDirectory(dir=".").cleanup()
 '''
 
 
