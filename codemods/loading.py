@@ -30,7 +30,10 @@ class Loading(AccelifyCodemod):
     Before ``prepare`` the model is still the plain one and is left as it is; so is
     every load in a file that also keeps the *wrapped* model's ``state_dict()``
     (``best = copy.deepcopy(model.state_dict())``, a whole-training-state checkpoint),
-    since that is what such a load may be reading back.
+    since that is what such a load may be reading back. The other way round, a prepared
+    model's state loaded into a model that is not prepared (an EMA copy:
+    ``ema_model.load_state_dict(model.state_dict())``) is read from
+    ``accelerator.unwrap_model(model).state_dict()``, whose names the copy has.
 
     Before::
 
@@ -58,7 +61,8 @@ class Loading(AccelifyCodemod):
     AFTER = frozenset({"ACC004", "ACC003", "ACC006", "ACC009"})
     CODE = "ACC014"
     NAME = "loading"
-    DESCRIPTION = "model.load_state_dict(...) after prepare -> accelerator.unwrap_model(model).load_state_dict(...)."
+    DESCRIPTION = ("model.load_state_dict(...) after prepare -> accelerator.unwrap_model(model).load_state_dict(...); "
+                   "copy.load_state_dict(model.state_dict()) -> copy.load_state_dict(accelerator.unwrap_model(model).state_dict()).")
     REQUIRES = frozenset({"ACC001", "ACC004"})
 
     @classmethod
@@ -87,7 +91,9 @@ class Loading(AccelifyCodemod):
             self._prepares.append((set(prepare.prepared), [*self._chain(block.body[0])[:-1], _Inserted(block, index)]))  # type: ignore[attr-defined]
         # A load may be reading back a state dict taken from the wrapped model (keys with
         # the wrapper's prefix): unwrapping the model it goes into would break that pairing.
-        self._wrapped_state = any(self._wrapped(call) for call in findall(node, _STATE))  # type: ignore[arg-type]
+        # (a state loaded into a model that is not prepared is read unwrapped: `_unwrapped_state`)
+        self._wrapped_state = any(self._wrapped(call) for call in findall(node, _STATE)  # type: ignore[arg-type]
+                                  if id(call) not in self.plan.states_into_plain)
 
     # ------------------------------------------------------------------ order in the setup scope
     def _chain(self, node: cst.CSTNode) -> list[cst.BaseStatement]:
@@ -136,6 +142,8 @@ class Loading(AccelifyCodemod):
 
     # ------------------------------------------------------------------ the rewrite
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) in self.plan.states_into_plain:
+            return self._unwrapped_state(original_node, updated_node)
         if not m.matches(original_node, _LOAD) or self._wrapped_state:
             return updated_node
         owner = original_node.func.value  # type: ignore[attr-defined]
@@ -148,11 +156,27 @@ class Loading(AccelifyCodemod):
         if accelerator is None:
             return updated_node
         self.change(original_node, f"`{model}.load_state_dict` -> `{accelerator}.unwrap_model({model}).load_state_dict`")
-        unwrapped = cst.Call(
-            func=accelerator_attr(accelerator, "unwrap_model"),
-            args=[cst.Arg(updated_node.func.value.with_changes(lpar=[], rpar=[]))],  # type: ignore[attr-defined]
-        )
-        return updated_node.with_changes(func=updated_node.func.with_changes(value=unwrapped))  # type: ignore[attr-defined]
+        return _through_unwrap(updated_node, accelerator)
+
+    def _unwrapped_state(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        """``ema_model.load_state_dict(model.state_dict())`` -> ``...(accelerator.unwrap_model(model).state_dict())``
+        once ``model`` is prepared: the names of the state the plain model loads are its own, without ``module.``."""
+        accelerator = self.accelerator_at(original_node)
+        if accelerator is None or not self._wrapped(original_node):
+            return updated_node
+        model = _code(original_node.func.value)  # type: ignore[attr-defined]
+        self.change(original_node, f"`{model}.state_dict()` loaded into a model that is not prepared -> "
+                    f"`{accelerator}.unwrap_model({model}).state_dict()`")
+        return _through_unwrap(updated_node, accelerator)
+
+
+def _through_unwrap(call: cst.Call, accelerator: str) -> cst.Call:
+    """``model.method(...)`` -> ``accelerator.unwrap_model(model).method(...)``."""
+    unwrapped = cst.Call(
+        func=accelerator_attr(accelerator, "unwrap_model"),
+        args=[cst.Arg(call.func.value.with_changes(lpar=[], rpar=[]))],  # type: ignore[attr-defined]
+    )
+    return call.with_changes(func=call.func.with_changes(value=unwrapped))  # type: ignore[attr-defined]
 
 
 def _code(node: cst.CSTNode) -> str:

@@ -23,7 +23,9 @@ class UnwrapModelAttributes(AccelifyCodemod):
     around its wrapper there would skip the gradient synchronisation.  The model handed to
     another module's code in a call made as a statement (``ema.step_ema(ema_model, model)``,
     ``wandb.watch(model)``) is handed ``accelerator.unwrap_model(model)``: that code reads the
-    model (its ``state_dict()`` keys, its attributes), and what it returns trains nothing.
+    model (its ``state_dict()`` keys, its attributes), and what it returns trains nothing. So is
+    the model handed to a function of the file that only reads its state, by name
+    (``ema(model, ema_model, decay)`` over ``source.state_dict()``): its names are the plain model's.
 
     Before::
 
@@ -54,7 +56,8 @@ class UnwrapModelAttributes(AccelifyCodemod):
     CODE = "ACC016"
     NAME = "model-attributes"
     DESCRIPTION = ("model.attr (not nn.Module's) after prepare -> accelerator.unwrap_model(model).attr; the model handed "
-                   "to another module's code in a statement call -> accelerator.unwrap_model(model).")
+                   "to another module's code in a statement call, or to a function reading its state by name -> "
+                   "accelerator.unwrap_model(model).")
     REQUIRES = frozenset({"ACC001", "ACC004"})
 
     @classmethod
@@ -72,7 +75,7 @@ class UnwrapModelAttributes(AccelifyCodemod):
         of another module gets the model itself (accelify.analyses.unwrapping.handed_away)."""
         if id(original_node.value) not in self.plan.handed_away or self.inside(original_node, self._plain):
             return updated_node
-        return self._unwrapped(original_node, updated_node, "`{model}` handed to another module's code as "
+        return self._unwrapped(original_node, updated_node, "`{model}` handed to code that reads it as "
                                "`{accelerator}.unwrap_model({model})`")
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:

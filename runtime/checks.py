@@ -362,6 +362,7 @@ def install_device_check(on_error: Optional[Callable[[dict[str, Any]], None]] = 
         return out
 
     _keep_marks_through_variable(torch)
+    _keep_marks_through_deepcopy(torch)
     mode = DeviceCheck()
     mode.__enter__()
     after_import("accelerate.accelerator", _host_when_cpu)
@@ -389,6 +390,24 @@ def _keep_marks_through_variable(torch) -> None:
             return out
 
     variable.Variable = torch.autograd.Variable = Variable
+
+
+def _keep_marks_through_deepcopy(torch) -> None:
+    """``copy.deepcopy(model)`` (an EMA copy) copies each parameter where it is, as on a GPU: a ``Parameter``'s
+    ``__deepcopy__`` makes the copy with ``_make_subclass``, outside any ``__torch_function__``."""
+    Parameter = torch.nn.Parameter
+    original = Parameter.__deepcopy__
+    if getattr(original, "__accelify_marks__", False):
+        return
+
+    def __deepcopy__(self, memo):
+        out = original(self, memo)
+        if _on_device(self):
+            _mark(out, True)
+        return out
+
+    __deepcopy__.__accelify_marks__ = True  # type: ignore[attr-defined]
+    Parameter.__deepcopy__ = __deepcopy__
 
 
 def _host_when_cpu(module) -> None:

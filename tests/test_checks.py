@@ -5,6 +5,8 @@ The device rules are tested in this process with plain torch (``.to("cpu:0")`` i
 device); whole runs (Accelerate preparing a model, the tracing hook, verify) in subprocesses."""
 from __future__ import annotations
 
+import copy
+
 import json
 import os
 import subprocess
@@ -141,6 +143,15 @@ def test_a_module_moved_with_to_has_its_parameters_placed_in_place(check):
     model.cpu()
     assert not on_device(model.weight)
     model(torch.ones(1, 2))  # all on the host again
+
+
+def test_a_deep_copy_of_a_placed_model_is_on_the_device_and_one_of_a_host_model_is_not(check):
+    """An EMA copy, `copy.deepcopy(model)` of a placed model, is on the GPU where the model is (pytorch-ddpm)."""
+    model = torch.nn.Linear(2, 2).to(DEVICE)
+    copied = copy.deepcopy(model)
+    assert on_device(copied.weight) and on_device(copied.bias)
+    copied.weight.data.mul_(0.5).add_(model.weight.data)  # an EMA update: both on the device
+    assert not on_device(copy.deepcopy(torch.nn.Linear(2, 2)).weight)
 
 
 def test_cuda_moves_onto_the_device_without_a_gpu_and_a_host_input_still_fails(check):

@@ -177,6 +177,8 @@ def needs_accelerator(facts: Facts, plan: Plan) -> None:
     late = [a for key, names in plan.late.items() for n in names for a in facts.assigns.get((key, n), [])]
     # a prepared model handed to another module's code (`ema.step_ema(ema_model, model)`): handed unwrapped
     away = [c for c in facts.calls if any(id(a.value) in plan.handed_away for a in c.args)]
+    # ... or whose state is loaded into a model that is not prepared (`ema_model.load_state_dict(model.state_dict())`)
+    away += [c for c in facts.calls if id(c) in plan.states_into_plain]
     for call in [*facts.backwards, *gathering, *saving, *unwrapping, *placing, *late, *away]:
         key = key_at(facts, call)
         if key is None or plan.accelerator_in(key) is not None:

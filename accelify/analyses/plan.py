@@ -120,6 +120,9 @@ class Plan:
     #: ids of the prepared models handed to another module's code in a statement call (``ema.step_ema(ema_model,
     #: model)``): they are handed ``accelerator.unwrap_model(model)`` (accelify.analyses.unwrapping, ACC016)
     handed_away: set[int] = field(default_factory=set)
+    #: ids of a prepared model's ``state_dict()`` calls loaded into a model that is not prepared
+    #: (``ema_model.load_state_dict(model.state_dict())``): read through ``accelerator.unwrap_model(model)`` (ACC014)
+    states_into_plain: set[int] = field(default_factory=set)
     #: ids of statements of the setup block that make an iterator of a loader before ``prepare``
     #: (``datalooper = infiniteloop(dataloader)``): moved to just after it (accelify.analyses.data)
     after_prepare: set[int] = field(default_factory=set)
@@ -361,7 +364,9 @@ def _decide(facts: Facts) -> Plan:
     in_owner, arguments, scheduler_calls = state["in_owner"], state["arguments"], state["scheduler_calls"]
     if not prepare_point.place(facts, plan):
         return plan
-    plan.handed_away = unwrapping.handed_away(facts, plan) if not plan.evaluation else set()
+    if not plan.evaluation:  # an evaluation's model is prepared with `evaluation_mode=True`: nothing wraps it
+        plan.handed_away = unwrapping.handed_away(facts, plan)
+        plan.states_into_plain = {id(c) for c in unwrapping.states_into_plain_models(facts, plan)}
     helpers.needs_accelerator(facts, plan)
     # The checks from here on build nothing the codemods read: each runs whatever the others found, so
     # that a file left unchanged is reported with every construct that blocks it.

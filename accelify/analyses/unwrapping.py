@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.data import foreign_callee
 from accelify.queries.blocks import scope_root
@@ -144,4 +144,90 @@ def handed_away(facts, plan: Plan) -> set[int]:
             continue  # `accelerator.print(model)`: the Accelerator's own
         if models and foreign_callee(facts, call.func):
             found.update(id(v) for v in models)
+    # a function of this file that reads the state of the model it is handed by name (pytorch-ddpm's
+    # `ema(net_model, ema_model, decay)`, pairing `source.state_dict()` keys with the EMA copy's)
+    for name, param in _state_readers(facts):
+        for _, bound in facts.call_sites(name, facts.functions[name]):
+            if ref_of(facts, bound[param]) in plan.flow["model"]:
+                found.add(id(bound[param]))
+    return found
+
+
+def _state_readers(facts) -> set[tuple[str, str]]:
+    """``(function, parameter)`` of this file's functions that read the state of the module they are handed by
+    name (``_reads_named_state``), every call handing it a plain name: a prepared model among them is handed
+    unwrapped."""
+    found = set()
+    for name, func in facts.functions.items():
+        sites = facts.call_sites(name, func)
+        for param in (p.name.value for p in func.params.params):
+            if sites and all(isinstance(bound.get(param), cst.Name) for _, bound in sites) and \
+                    _reads_named_state(facts, func, param):
+                found.add((name, param))
+    return found
+
+
+#: nn.Module methods that name what they give: through the DistributedDataParallel wrapper every name has
+#: `module.` before it, through the model itself the names are the script's
+_NAMED = frozenset({"state_dict", "named_parameters", "named_buffers", "named_modules", "named_children"})
+#: ... and the other methods that only read the module's own state
+_READING = _NAMED | {"parameters", "buffers", "modules", "children"}
+
+
+def _reads_named_state(facts, func: cst.FunctionDef, param: str) -> bool:
+    """Does ``func`` use its parameter ``param`` only to read the module's state (``source.state_dict()``,
+    ``named_parameters()``), by name at least once other than to save it, never running it, rebinding it or
+    handing it on? Handed the
+    unwrapped model, such a function reads what it read before ``prepare``, and nothing of the wrapper is lost."""
+    if not isinstance(func.body, cst.IndentedBlock) or not func.body.body:
+        return False
+    scope = facts.get_metadata(ScopeProvider, func.body.body[0], None)
+    assignments = list(scope.assignments[param]) if scope is not None else []
+    if len(assignments) != 1 or not assignments[0].references:
+        return False  # rebound in the function, or never read
+    methods = set()
+    for access in assignments[0].references:
+        attribute = facts.get_metadata(ParentNodeProvider, access.node, None)
+        call = facts.get_metadata(ParentNodeProvider, attribute, None) if attribute is not None else None
+        if not (isinstance(attribute, cst.Attribute) and attribute.value is access.node and isinstance(call, cst.Call)
+                and call.func is attribute and attribute.attr.value in _READING):
+            return False
+        if not _saved(facts, call):  # `torch.save(model.state_dict(), path)`: ACC009 saves it unwrapped
+            methods.add(attribute.attr.value)
+    return bool(methods & _NAMED)
+
+
+def _saved(facts, node: cst.CSTNode) -> bool:
+    """Is ``node`` inside the arguments of a ``torch.save(...)`` call?"""
+    current = facts.get_metadata(ParentNodeProvider, node, None)
+    while current is not None and not isinstance(current, cst.BaseStatement):
+        if isinstance(current, cst.Call) and has_qname(facts, current.func, TORCH_SAVE):
+            return True
+        current = facts.get_metadata(ParentNodeProvider, current, None)
+    return False
+
+
+_LOAD_STATE = m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))
+_STATE = m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])
+_UNWRAP = m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])
+
+
+def states_into_plain_models(facts, plan: Plan) -> list[cst.Call]:
+    """``ema_model.load_state_dict(model.state_dict())`` (or of its ``copy.deepcopy``): the ``state_dict()`` calls
+    of a prepared model loaded into a model that is not prepared. Through the wrapper its names have ``module.``
+    before them and would not load; read from ``accelerator.unwrap_model(model)`` they are the names the script
+    had (ACC014 reads them so once the model is prepared)."""
+    found, readers = [], _state_readers(facts)
+    for call in facts.calls:
+        if not m.matches(call, _LOAD_STATE) or not call.args or call.args[0].keyword is not None:
+            continue
+        target = call.func.value  # type: ignore[attr-defined]
+        if m.matches(target, _UNWRAP) or ref_of(facts, target) in plan.flow["model"]:
+            continue
+        value = call.args[0].value
+        if isinstance(value, cst.Call) and len(value.args) == 1 and has_qname(facts, value.func, frozenset({"copy.deepcopy"})):
+            value = value.args[0].value
+        owner = ref_of(facts, value.func.value) if m.matches(value, _STATE) else None  # type: ignore[attr-defined]
+        if owner in plan.flow["model"] and owner not in readers:  # (a reader is handed the model unwrapped)
+            found.append(value)
     return found
