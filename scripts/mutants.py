@@ -666,7 +666,7 @@ def run(mutant: Mutant) -> tuple[str, str]:
         return "refused", f"{mutant.path} has uncommitted changes"
     try:
         target.write_text(original.replace(mutant.old, mutant.new), encoding="utf-8")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *mutant.tests],
                               cwd=REPO, capture_output=True, text=True)
     finally:
         target.write_text(original, encoding="utf-8")

@@ -25,11 +25,25 @@ from accelify.core.pipeline import convert_source  # noqa: E402
 from accelify.app.verify import verify  # noqa: E402
 
 
-def _verify(folder: Path, *args: str, env: dict[str, str] | None = None, expect: int = 0) -> dict:
+def _verify(folder: Path, *args: str, env: dict[str, str] | None = None, expect: int = 0, cli: bool = False) -> dict:
+    """``accelify verify --format json ARGS`` in ``folder``: its JSON result. With ``cli``, the command itself;
+    else the same ``verify`` call in this process, its runs forked from the tests' zygote (no torch import for
+    each: the CLI's own path is tested with ``cli``)."""
+    env = env or script_env()
     before = sorted(p.name for p in folder.iterdir())
-    proc = run([sys.executable, "-m", "accelify", "verify", "--format", "json", *args], folder, env or script_env())
-    assert proc.returncode == expect, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    result = json.loads(proc.stdout)
+    if cli:
+        proc = run([sys.executable, "-m", "accelify", "verify", "--format", "json", *args], folder, env)
+        assert proc.returncode == expect, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        result = json.loads(proc.stdout)
+    else:
+        path, options = args[0], dict(zip(args[1::2], args[2::2]))
+        converted = env.pop("ACCELIFY_VERIFY_CONVERTED", None)
+        outcome = verify(path, steps=int(options.pop("--steps", 20)), processes=int(options.pop("--processes", 1)),
+                         cwd=str(folder), env=env, start=start_forked,
+                         converted_source=Path(converted).read_text(encoding="utf-8") if converted else None)
+        assert not options, options
+        assert outcome.exit_code == expect, (outcome.exit_code, outcome.verdict, outcome.message)
+        result = json.loads(json.dumps(outcome.to_dict()))
     # the converted copy is gone (files the script itself writes aside)
     assert not [p.name for p in folder.iterdir() if p.name.startswith("_accelify_verify_")]
     assert set(before) <= {p.name for p in folder.iterdir()}
@@ -146,7 +160,7 @@ def test_an_original_that_needs_a_gpu(tmp_path):
     """`torch.cuda.set_device(0)` needs a CUDA driver (the conversion removes it); `.cuda()` alone runs on the
     emulated device (the next test)."""
     (tmp_path / "train.py").write_text(_placed_with_cuda("torch.cuda.set_device(0)"), encoding="utf-8")
-    result = _verify(tmp_path, "train.py", "--steps", "2", expect=3)
+    result = _verify(tmp_path, "train.py", "--steps", "2", expect=3, cli=True)
     assert result["verdict"] == "failed"
     assert "original" in result["message"] and "needs a GPU" in result["message"]
     assert result["original"]["returncode"] == 1 and result["original"]["stderr_tail"]
@@ -263,7 +277,7 @@ def test_a_skip_taken_together_keeps_the_processes_in_step(tmp_path):
     assert per_process != converted
     # the gradient all-reduces no longer pair up: the run hangs (killed at the timeout) or ends unevenly
     result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked,
-                    converted_source=per_process, timeout=30)
+                    converted_source=per_process, timeout=10)
     assert result.distributed.verdict in ("timeout", "uneven-steps", "failed"), result.distributed.message
 
 
@@ -285,7 +299,7 @@ def test_a_stop_taken_together_keeps_the_processes_in_step(tmp_path):
                                     "                break", "break")
     assert per_process != converted
     result = verify("train.py", steps=100, processes=2, cwd=str(folder), env=script_env(), start=start_forked,
-                    converted_source=per_process, timeout=30)
+                    converted_source=per_process, timeout=10)
     assert result.distributed.verdict in ("timeout", "uneven-steps", "failed"), result.distributed.message
 
 
@@ -340,3 +354,22 @@ def test_a_difference_that_is_only_the_read_ahead_is_told_apart(tmp_path):
     result = verify("train.py", steps=6, cwd=str(tmp_path), env=script_env(), start=start_forked,
                     converted_source=broken)
     assert (result.verdict, result.exit_code) == ("different", 1), result.message
+
+
+def test_each_run_makes_its_outputs_in_a_folder_of_its_own(tmp_path):
+    """The runs go side by side: what one makes at the top of the folder (`./outputs`) the others do not see
+    (pytorch-ddpm's `os.makedirs(logdir + "/sample")` without `exist_ok` failed in whichever run came second;
+    a checkpoint one run wrote would be another's to resume from), and the user's folder is left as it was."""
+    shutil.copy(REPO / "examples" / "train.py", tmp_path / "train.py")
+    source = (tmp_path / "train.py").read_text(encoding="utf-8")
+    converted = convert_source(source, "train.py").output
+    # the original looks for the folder after the others have had the time to make theirs
+    (tmp_path / "train.py").write_text(
+        'import os, time\ntime.sleep(5)\nassert not os.path.exists("outputs"), "another run\'s outputs"\n'
+        'os.makedirs("outputs")\n' + source, encoding="utf-8")
+    made = 'import os\nos.makedirs("outputs", exist_ok=True)\n' + converted
+    result = verify("train.py", steps=3, processes=2, cwd=str(tmp_path), env=script_env(), start=start_forked,
+                    converted_source=made)
+    assert result.original.ok and result.verdict == "identical", result.message
+    assert result.distributed.verdict == "ok", result.distributed.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]

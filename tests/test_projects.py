@@ -168,10 +168,13 @@ def test_a_name_bound_by_both_files_keeps_them_apart(tmp_path: Path) -> None:
 def test_verify_runs_the_converted_script_with_its_converted_modules(name: str, tmp_path: Path) -> None:
     """One process: the same losses as the original; two: each rank its share, no hang, no tensor on the
     wrong device, no file written by both (verify's checks); the project's own files are not written."""
+    pytest.importorskip("torch")
+    from e2e import script_env, start_forked
+
     from accelify.app.verify import verify
 
     folder = copy_of(tmp_path, name)
-    result = verify(entry_of(name), cwd=str(folder), processes=2, steps=6)
+    result = verify(entry_of(name), cwd=str(folder), processes=2, steps=6, env=script_env(), start=start_forked)
     assert result.exit_code == 0, (result.verdict, result.message)
     assert result.distributed is not None and result.distributed.verdict == "ok", result.distributed.message
     before = files_of(PROJECTS / name / "before")

@@ -98,6 +98,14 @@ def test_a_helper_loading_the_state_into_a_copy_is_handed_the_model_once_unwrapp
     assert "def update(model, ema_model):\n    ema_model.load_state_dict(model.state_dict())\n" in output
 
 
+def test_a_copy_of_the_prepared_model_is_a_copy_of_the_model_itself() -> None:
+    """`best_model = copy.deepcopy(model)` after prepare copied the DistributedDataParallel wrapper: the checkpoint
+    `torch.save(best_model.state_dict(), path)` then had `module.` names the original's had not."""
+    output = convert(step="        best_model = copy.deepcopy(model)\n        torch.save(best_model.state_dict(), 'best.pt')\n")
+    assert "        best_model = copy.deepcopy(accelerator.unwrap_model(model))\n" in output
+    assert "    ema_model = copy.deepcopy(model)\n" in output  # before prepare: the plain model
+
+
 @pytest.fixture(scope="module")
 def fixture_runs(tmp_path_factory):
     pytest.importorskip("torch")

@@ -19,6 +19,7 @@ from accelify.queries.walk import findall
 if TYPE_CHECKING:
     from accelify.analyses.plan import Plan
 
+_DEEPCOPY = frozenset({"copy.deepcopy"})
 _NO_GRAD = frozenset({
     "torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad",
     "torch.autograd.grad_mode.inference_mode",
@@ -127,9 +128,17 @@ def handed_away(facts, plan: Plan) -> set[int]:
     DistributedDataParallel wrapper's ``module.`` keys). They are handed ``accelerator.unwrap_model(model)``:
     the model itself, its parameters shared with the wrapper. Nothing the call returns reaches a backward,
     and code of another module that trains is converted with the script or refused (accelify.core.unit),
-    so the wrapper's gradient synchronisation is not bypassed. Output: ids of the argument expressions."""
+    so the wrapper's gradient synchronisation is not bypassed. So are a copy of the model (``copy.deepcopy(model)``)
+    and the model handed to a function of this file that only reads its state by name (``_state_readers``).
+    Output: ids of the argument expressions."""
     found: set[int] = set()
     for call in facts.calls:
+        # a copy of the model (`best_model = copy.deepcopy(model)`): of the model itself, not of its wrapper (whose
+        # copy's `state_dict()` has `module.` names, saved so by `torch.save(best_model.state_dict(), path)`)
+        if has_qname(facts, call.func, _DEEPCOPY) and len(call.args) == 1 and isinstance(call.args[0].value, cst.Name) \
+                and ref_of(facts, call.args[0].value) in plan.flow["model"]:
+            found.add(id(call.args[0].value))
+            continue
         parent = facts.get_metadata(ParentNodeProvider, call, None)
         saved = None
         if isinstance(parent, cst.Arg) and parent.keyword is None:
@@ -225,7 +234,7 @@ def states_into_plain_models(facts, plan: Plan) -> list[cst.Call]:
         if m.matches(target, _UNWRAP) or ref_of(facts, target) in plan.flow["model"]:
             continue
         value = call.args[0].value
-        if isinstance(value, cst.Call) and len(value.args) == 1 and has_qname(facts, value.func, frozenset({"copy.deepcopy"})):
+        if isinstance(value, cst.Call) and len(value.args) == 1 and has_qname(facts, value.func, _DEEPCOPY):
             value = value.args[0].value
         owner = ref_of(facts, value.func.value) if m.matches(value, _STATE) else None  # type: ignore[attr-defined]
         if owner in plan.flow["model"] and owner not in readers:  # (a reader is handed the model unwrapped)

@@ -469,25 +469,47 @@ def start_process(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, st
 
 def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], steps: int, timeout: float,
             workdir: str, progress: Optional[ProgressCallback] = None, start: Starter = start_process) -> None:
-    """Start every job at once and wait for all; fills in each ``Run``."""
+    """Start every job at once and wait for all; fills in each ``Run``. Each job runs in a folder of its own
+    that mirrors ``cwd`` (``_private_folder``): what a run makes at the top of it (``./logs``, ``./checkpoints``)
+    is its own, so runs side by side neither collide (``os.makedirs("logs/samples")`` without ``exist_ok``
+    failed in whichever came second) nor read each other's outputs (a checkpoint to resume from)."""
     processes: list[_Process] = []
-    for number, (run, cmd) in enumerate(jobs):
-        trace = os.path.join(workdir, f"run{number}")
-        stderr_path = os.path.join(workdir, f"run{number}.stderr")
-        run_env = {**env, "ACCELIFY_TRACE": trace, "ACCELIFY_TRACE_STEPS": str(steps)}
-        stdout_path = os.path.join(workdir, f"run{number}.stdout")
-        popen = start(cmd, cwd, run_env, stdout_path, stderr_path)
-        processes.append(_Process(run, popen, trace, stderr_path, time.monotonic(), stdout_path=stdout_path))
-        if progress:
-            progress(run, "started", 0)
-    pending = list(processes)
+    folders: dict[int, str] = {}
     try:
-        _wait(pending, timeout, progress)
-    except BaseException:  # Ctrl-C, or a bug of ours: no run outlives verify
-        for proc in pending:
-            _kill(proc.popen)
-            proc.popen.wait()
-        raise
+        for number, (run, cmd) in enumerate(jobs):
+            trace = os.path.join(workdir, f"run{number}")
+            stderr_path = os.path.join(workdir, f"run{number}.stderr")
+            run_env = {**env, "ACCELIFY_TRACE": trace, "ACCELIFY_TRACE_STEPS": str(steps)}
+            stdout_path = os.path.join(workdir, f"run{number}.stdout")
+            folders[id(run)] = _private_folder(cwd, workdir, number)
+            popen = start(cmd, folders[id(run)], run_env, stdout_path, stderr_path)
+            processes.append(_Process(run, popen, trace, stderr_path, time.monotonic(), stdout_path=stdout_path))
+            if progress:
+                progress(run, "started", 0)
+        pending = list(processes)
+        try:
+            _wait(pending, timeout, progress)
+        except BaseException:  # Ctrl-C, or a bug of ours: no run outlives verify
+            for proc in pending:
+                _kill(proc.popen)
+                proc.popen.wait()
+            raise
+    finally:
+        for folder in folders.values():
+            shutil.rmtree(folder, ignore_errors=True)  # its links only, never what they point to
+    for run, _ in jobs:
+        if id(run) in folders:
+            _name_converted_copy(run, folders[id(run)], os.path.abspath(cwd))  # the paths as the user knows them
+
+
+def _private_folder(cwd: str, workdir: str, number: int) -> str:
+    """A folder with a symbolic link to every entry of ``cwd``: the script, its modules and its data read as
+    from ``cwd``; what a run creates at the top is its own."""
+    folder = os.path.join(workdir, f"run{number}.cwd")
+    os.mkdir(folder)
+    for entry in os.listdir(cwd):
+        os.symlink(os.path.join(os.path.abspath(cwd), entry), os.path.join(folder, entry))
+    return folder
 
 
 def _wait(pending: list[_Process], timeout: float, progress: Optional[ProgressCallback]) -> None:
