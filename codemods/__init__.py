@@ -26,6 +26,7 @@ from .launch import SpawnLaunch
 from .loading import Loading
 from .main_process import MainProcessOutput
 from .mixed_precision import MixedPrecision
+from .module_device import ModuleDevice
 from .numpy_cpu import NumpyOnCpu
 from .optimizer_step import OptimizerStepClosure
 from .placement import RemovePlacement
@@ -56,6 +57,7 @@ from .world_size import ProcessGroupAttributes
 # 5. the Accelerator near the end: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
+# ModuleDevice rewrites a device chosen at the module's top, whose uses the other passes leave as they are.
 # LauncherDevices removes the script's CUDA_VISIBLE_DEVICES before the device codemod replaces the
 # device next to it; CountersOnDevice, HostInputs, ConsoleHelpers and SyncedSkip name the Accelerator, so they come
 # before it.
@@ -65,7 +67,8 @@ from .world_size import ProcessGroupAttributes
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     SpawnLaunch, SetUpHelper, ProcessGroupAttributes,  # (before the analysis, on the file as written: never in the
     # traversal)
-    RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, AcceleratorParameter, Prepare,
+    RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, ModuleDevice, AcceleratorParameter,
+    Prepare,
     OptimizerStepClosure, GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes,
     GatherForMetrics, MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
     AddAccelerator,

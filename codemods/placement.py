@@ -426,6 +426,8 @@ class RemovePlacement(AccelifyCodemod):
             training_data = on_model or (root is not None and root.value in self._current_derived())
             if not training_data or not _DEVICE_LIKE.search(name) or name.endswith(".device"):
                 return
+            if ref_of(self, first) == self.plan.module_device:
+                return  # each process's own device now (ACC031)
             chosen_outside = isinstance(first, cst.Name) and any(
                 (kind := classify_device(self, v)) is not None and kind.kind != "cpu"  # to the CPU: on purpose
                 for v in assigned_values(self, first))

@@ -648,6 +648,8 @@ def judge_side_effects(ranks: dict[int, list[dict[str, Any]]], prints: dict[int,
                 continue  # under main_process_first(): the others repeat it after the main process, no race
             if "__pycache__" in os.path.normpath(event.get("path") or "").split(os.sep):
                 continue  # a cache of compiled code (Python's, numba's under librosa): every process may write it
+            if (event.get("path") or "").startswith(("/proc/", "/dev/", "/sys/")):
+                continue  # the process's own kernel entries (absl's `app.run` names its thread in /proc/self/comm)
             key = (event["kind"], event.get("path") if event["kind"] != "download" else event.get("path") or at(event))
             by_path.setdefault(key, {}).setdefault(rank, event)
     what = {"write": "writes", "extract": "extracts into", "download": "downloads"}

@@ -419,3 +419,18 @@ def run_traced(script: Path, env: dict[str, str], processes: int = 1, block: tup
                                       {rank: t["prints"] for rank, t in enumerate(traces)})
         assert not failures, "side effects on every process:\n" + "\n".join(failures)
     return Run(proc, outputs, traces)
+
+
+def fixture_runs(folders, name: str) -> dict[str, Run]:
+    """``fixtures/<name>``: its ``before.py`` on one process ("original"), its ``after.py`` on one ("one") and
+    on two ("two"), side by side, each traced (``run_traced``) in a folder ``folders.mktemp`` makes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = script_env(PYTHONHASHSEED="0")
+    scripts = {}
+    for run, file in (("original", "before.py"), ("one", "after.py"), ("two", "after.py")):
+        scripts[run] = folders.mktemp(run) / "script.py"
+        scripts[run].write_text((FIXTURES / name / file).read_text(encoding="utf-8"), encoding="utf-8")
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        jobs = {run: pool.submit(run_traced, script, env, 2 if run == "two" else 1) for run, script in scripts.items()}
+        return {run: job.result() for run, job in jobs.items()}

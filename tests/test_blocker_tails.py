@@ -267,7 +267,9 @@ def test_a_model_handed_to_another_modules_object_is_handed_unwrapped(tmp_path) 
     result = convert_source(source, str(tmp_path / "train.py"))
     assert result.changed, [f.message for f in result.findings]
     assert "        ema.step_ema(ema_model, accelerator.unwrap_model(model))\n" in result.output
-    assert "ema_model = copy.deepcopy(model)" in result.output  # before prepare: the plain model
+    # made after prepare (which goes right after the optimizer): a copy of the model itself, not of its wrapper,
+    # whose `module.` names the unwrapped state `step_ema` loads would not match
+    assert "    ema_model = copy.deepcopy(accelerator.unwrap_model(model))\n" in result.output
     assert_stable(result.output)
 
 
@@ -426,11 +428,8 @@ def test_a_placement_flag_the_accelerator_cannot_read_is_refused() -> None:
     assert "placed only when `not args.use_cpu` holds" in result.findings[0].message
 
 
-def test_a_module_level_device_is_named_not_called_placing_nothing() -> None:
-    """NeRF: `device = torch.device(...)` at the module's top, `.to(device)` in `train()`, hand-made rays:
-    ACC121 said the script "places nothing on a device"; it places, on a device `train` does not choose."""
-    source = HEAD + """
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+NERF = HEAD + """
+{top}
 
 
 def train():
@@ -447,12 +446,30 @@ def train():
 if __name__ == "__main__":
     train()
 """
-    result = convert_source(source, "train.py")
+
+
+def test_a_module_level_device_is_named_not_called_placing_nothing() -> None:
+    """NeRF: `device = torch.device(...)` at the module's top, `.to(device)` in `train()`, hand-made rays:
+    ACC121 said the script "places nothing on a device"; it places, on a device `train` does not choose. A
+    choice that reads a flag of the script stays the script's: ACC108 names it."""
+    top = "NO_CUDA = False\ndevice = torch.device(\"cuda\" if torch.cuda.is_available() and not NO_CUDA else \"cpu\")"
+    result = convert_source(NERF.format(top=top), "train.py")
     assert not result.changed
     codes = [f.code for f in result.findings]
     assert "ACC121" not in codes and "ACC108" in codes
     finding = next(f for f in result.findings if f.code == "ACC108")
-    assert "a device chosen at the module's top (line 4)" in finding.message
+    assert "a device chosen at the module's top (line 5)" in finding.message
+
+
+def test_the_automatic_device_at_the_module_top_is_each_processs_own() -> None:
+    """The same script with the automatic choice at the top: converted (ACC031), the rays placed on
+    `accelerator.device`, and the loop over `range` reported as not sharded (ACC124)."""
+    top = "device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")"
+    result = convert_source(NERF.format(top=top), "train.py")
+    assert result.changed, [f.render() for f in result.findings]
+    assert "        x = torch.randn(8, 4).to(accelerator.device)\n" in result.output
+    assert [f.code for f in result.findings] == ["ACC124"]
+    assert_stable(result.output)
 
 
 STYLEGAN = HEAD + """

@@ -5,8 +5,6 @@ through `accelerator.unwrap_model(model)`; reads that meet the wrapper's own nam
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from accelify.core.pipeline import convert_source
@@ -107,27 +105,19 @@ def test_a_copy_of_the_prepared_model_is_a_copy_of_the_model_itself() -> None:
 
 
 @pytest.fixture(scope="module")
-def fixture_runs(tmp_path_factory):
+def runs(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("accelerate")
-    from e2e import FIXTURES, run_traced, script_env
+    from e2e import fixture_runs
 
-    env = script_env(PYTHONHASHSEED="0")
-    folder = FIXTURES / "ema_state_names"
-    scripts = {}
-    for run, name in (("original", "before.py"), ("one", "after.py"), ("two", "after.py")):
-        scripts[run] = tmp_path_factory.mktemp(run) / "script.py"
-        scripts[run].write_text((folder / name).read_text(encoding="utf-8"), encoding="utf-8")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        jobs = {run: pool.submit(run_traced, script, env, 2 if run == "two" else 1) for run, script in scripts.items()}
-        return {run: job.result() for run, job in jobs.items()}
+    return fixture_runs(tmp_path_factory, "ema_state_names")
 
 
-def test_the_fixture_trains_the_same_in_one_process_and_runs_in_two(fixture_runs) -> None:
+def test_the_fixture_trains_the_same_in_one_process_and_runs_in_two(runs) -> None:
     """On two processes the prepared model is wrapped: before the fix its `module.` names met the EMA copy's
     (KeyError in `ema`, unexpected keys in `load_state_dict`); run_traced fails on a failed run."""
-    original = fixture_runs["original"].stdout[0]
+    original = runs["original"].stdout[0]
     assert original.count("ema weight sum") == 2
-    assert fixture_runs["one"].stdout[0] == original
-    rank0, rank1 = fixture_runs["two"].stdout
+    assert runs["one"].stdout[0] == original
+    rank0, rank1 = runs["two"].stdout
     assert rank0.count("ema weight sum") == 2 and rank1.strip() == ""

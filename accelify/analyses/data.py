@@ -48,7 +48,8 @@ _TENSOR_FACTORIES = frozenset(
 def placed(facts: Facts, plan: Plan, first: cst.Assign) -> bool:
     """False (ACC121, reported at the first optimizer) when the script trains on tensors it makes by
     hand and places nothing: ``prepare`` would move the model and leave the data on the CPU."""
-    if plan.devices or plan.has_accelerator or ".cuda(" in facts.module.code or _placed_by_option(facts):
+    if plan.devices or plan.module_device or plan.has_accelerator or ".cuda(" in facts.module.code or \
+            _placed_by_option(facts):
         return True  # the script places things itself: it already moves what it makes
     if _placed_on_a_rank(facts, plan):
         return True  # `.to(device_id)`, `device_id = rank % torch.cuda.device_count()`: each process's own GPU

@@ -27,7 +27,7 @@ from accelify.analyses.facts import Facts, chain_root
 from accelify.queries.blocks import inside, statement_line, under
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import code_of, read_names, string_value
-from accelify.queries.refs import Ref, ref_of
+from accelify.queries.refs import MODULE, Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -326,3 +326,32 @@ def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optio
     if isinstance(value, cst.IfExp) and not is_availability_check(visitor, value.test):
         return _negate(value.test)
     return None
+
+
+def module_device(facts: Facts, plan: Plan) -> Optional[Ref]:
+    """A device chosen at the module's top, read by functions, where the script trains in a function
+    (pytorch-ddpm's ``device = torch.device('cuda:0')`` read by ``train()`` and ``evaluate()``): the device of
+    each process, ``PartialState().device`` (what the Accelerator takes it from), is what every use of it means.
+    Only a choice that reads nothing of the script's (``"cuda:0"``, ``"cuda" if torch.cuda.is_available() else
+    "cpu"``: a flag choosing the CPU is the Accelerator's ``cpu=``), bound once, never in a function."""
+    if plan.setup == MODULE or plan.distributed is not None or findall(facts.module, m.Name("PartialState")):
+        return None
+    found = None
+    for ref, assigns in facts.assigns.items():
+        if ref[0] != MODULE or len(assigns) != 1 or facts.single_target(assigns[0]) != ref:
+            continue
+        kind = classify_device(facts, assigns[0].value)
+        if kind is None or kind.kind == "cpu" or chosen_index(facts, assigns[0].value) is not None:
+            continue
+        if any(n.value != "torch" for n in read_names(assigns[0].value)):
+            continue  # a flag, an option, a rank
+        if not isinstance(facts.get_metadata(ParentNodeProvider, facts.get_metadata(
+                ParentNodeProvider, assigns[0], None), None), cst.Module):
+            continue  # under an `if` or a `with` at the top: not the one choice
+        if found is not None:
+            return None  # two devices at the top: which is the training one is not for accelify to guess
+        found = ref
+    if found is None or not any(ref_of(facts, n) == found and key_at(facts, n) != MODULE
+                                for n in findall(facts.module, m.Name(found[1]))):
+        return None
+    return found

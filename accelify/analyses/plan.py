@@ -90,6 +90,9 @@ class Plan:
     string_devices: set[str] = field(default_factory=set)
     #: ``Accelerator(cpu=<this>)`` when the device depended on a flag
     cpu_flag: Optional[str] = None
+    #: a device chosen at the module's top for a script that trains in a function (pytorch-ddpm's
+    #: ``device = torch.device('cuda:0')``): it becomes ``PartialState().device`` (ACC031, accelify.analyses.devices)
+    module_device: Optional[Ref] = None
     #: the device an option or a configuration chose: (ref of the namespace, its attribute, whether it is
     #: an argparse ``--device`` option, a string; else a configuration's, a string or a ``torch.device``)
     option_device: Optional[tuple[Ref, str, bool]] = None
@@ -325,6 +328,7 @@ def _decide(facts: Facts) -> Plan:
         if not devices.classify(facts, plan, state["in_owner"]):
             return False
         plan.flow["device"] = plan.refs(sorted(plan.devices))
+        plan.module_device = devices.module_device(facts, plan)
         return True
 
     def placed_step() -> bool:
@@ -335,6 +339,8 @@ def _decide(facts: Facts) -> Plan:
             return False
         if not plan.devices and plan.cpu_flag is None and not devices.placement_flag(facts, plan, arguments):
             return False
+        if plan.cpu_flag is not None:
+            plan.module_device = None  # the Accelerator's own choice of the CPU: the process's device is not it
         helpers.flows(facts, plan)
         return True
 

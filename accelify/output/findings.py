@@ -27,7 +27,8 @@ FINDINGS: dict[str, str] = {
     "would never be wrapped for distributed training.",
     "ACC108": "A placement accelify cannot map (an unknown device in a loop, a prepared model moved to the CPU): "
     "left as it is. The model or batches placed on a device chosen outside the function that trains (a "
-    "module-level `device` used in `main()`) or handed in, or a `--device` option read inside a helper handed "
+    "module-level `device` used in `main()` that reads a flag of the script or is one of several: the automatic "
+    "choice alone is converted, ACC031) or handed in, or a `--device` option read inside a helper handed "
     "the whole namespace or parsed after the model is built: file left unchanged.",
     "ACC109": "A placement (`.cuda()`, `.to(\"cuda:0\")`) in code that cannot reach the Accelerator (left as it is, "
     "it places on CUDA, or on one GPU for every process, not on `accelerator.device`), or a `.module` of a model "
