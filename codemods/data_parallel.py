@@ -38,7 +38,11 @@ class DataParallel(AccelifyCodemod):
     did that goes with it.  ``model.module`` (the wrapped model) becomes
     ``accelerator.unwrap_model(model)``, which works with or without a wrapper.
     Only done for models the file wrapped in ``DataParallel``: elsewhere ``.module``
-    may be the model's own attribute.
+    may be the model's own attribute. A ``DataParallel`` around another module of the
+    script (``trainer = nn.DataParallel(trainer)``, a sampler built around the model) goes
+    too: under ``accelerate launch`` each process has one device, where that wrapper would
+    spread the module over every GPU from every process (and stop, on all but the first,
+    with its own error about ``device_ids[0]``).
 
     Before::
 
@@ -81,6 +85,11 @@ class DataParallel(AccelifyCodemod):
         wraps = bool(wrap_assigns)
         # Once the script wraps its model, `.module` on it (or on a helper's parameter holding it) is the wrapper's.
         self.wrapped = set(self.plan.flow["model"]) if wraps else set()
+        # `trainer = nn.DataParallel(trainer)` around a module no optimizer trains (pytorch-ddpm's trainer and samplers,
+        # under `if FLAGS.parallel:`): it goes too, its `.module` read through `unwrap_model` (the module itself)
+        self._other_wraps = {id(a.value) for a in findall(node, m.Assign()) if self._rewraps_other(a)}  # type: ignore[arg-type]
+        self.wrapped |= {ref_of(self, a.targets[0].target) for a in findall(node, m.Assign())  # type: ignore[attr-defined]
+                         if id(a.value) in self._other_wraps}  # type: ignore[attr-defined]
         # `teacher = DDP(teacher, ...)` around a model the script freezes: `accelerator.prepare_model(teacher)`
         # (in :meth:`leave_Call`), whose `.module` is the wrapper's too
         self._untrained_wraps: set[int] = set()
@@ -130,11 +139,24 @@ class DataParallel(AccelifyCodemod):
         return False
 
     def unwraps(self, call: cst.Call) -> bool:
-        """Is ``call`` a wrapper this codemod removes (around a trained model)?"""
+        """Is ``call`` a wrapper this codemod removes (around a trained model, or ``x = nn.DataParallel(x)``)?"""
         if not self._is_wrap(call):
             return False
         inner = call.args[0].value
-        return any(r in self.plan.flow["model"] for r in receiver_refs(self, inner)) or self._assigned_to_model(call)
+        return any(r in self.plan.flow["model"] for r in receiver_refs(self, inner)) or self._assigned_to_model(call) \
+            or id(call) in self._other_wraps
+
+    def _rewraps_other(self, assign: cst.Assign) -> bool:
+        """``x = nn.DataParallel(x, ...)``, ``x`` no trained model: the plain ``DataParallel`` (not DDP, which needs
+        the process group: ACC126) around a module of the script, bound to its own name again."""
+        value = assign.value
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or not self._is_wrap(value) \
+                or has_qname(self, value.func, DDP):  # type: ignore[arg-type]
+            return False
+        name = assign.targets[0].target.value
+        return m.matches(value.args[0].value, m.Name(name)) and ref_of(self, assign.targets[0].target) not in \
+            self.plan.flow["model"] and all(a.keyword is not None and a.keyword.value in ("device_ids", "output_device", "dim")
+                                           for a in value.args[1:])  # type: ignore[attr-defined]
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self.unwraps(original_node):
@@ -160,7 +182,8 @@ class DataParallel(AccelifyCodemod):
             return updated_node
         self.touch()
         kind = "DistributedDataParallel" if has_qname(self, original_node.func, DDP) else "DataParallel"
-        self.change(original_node, f"`{kind}(...)` removed: prepare() wraps the model")
+        self.change(original_node, f"`{kind}(...)` removed: " + (
+            "each process has a device of its own" if id(original_node) in self._other_wraps else "prepare() wraps the model"))
         remove_imports_of(self.context, original_node.func)
         return updated_node.args[0].value
 

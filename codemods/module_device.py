@@ -61,8 +61,6 @@ class ModuleDevice(AccelifyCodemod):
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             model = model.to(accelerator.device)
             sample(model)
-
-    (The other codemods create the Accelerator and prepare, as everywhere.)
     """
 
     AFTER = frozenset({"ACC003"})

@@ -98,10 +98,11 @@ def test_a_model_run_before_prepare_keeps_its_placement() -> None:
     assert "model = torch.nn.Linear(4, 2)\n" in printed
 
 
-def test_a_module_built_around_the_model_moved_to_a_module_level_device_is_a_true_refusal() -> None:
+def test_a_module_built_around_the_model_moved_to_a_module_level_device_goes_to_each_processs_device() -> None:
     """pytorch-ddpm: `device = torch.device('cuda:0')` at module level, and in `train()`
-    `trainer = GaussianDiffusionTrainer(net_model, ...).to(device)`: after `prepare` that would move
-    every process's model to GPU 0."""
+    `trainer = GaussianDiffusionTrainer(net_model, ...).to(device)`: left, after `prepare` that would move
+    every process's model to GPU 0 (it was refused, ACC108); the device at the top is each process's own
+    now (ACC031): `accelerator.device` in `train()`."""
     source = (
         "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
         "device = torch.device('cuda:0')\n\n\nclass Wrapper(torch.nn.Module):\n"
@@ -114,6 +115,6 @@ def test_a_module_built_around_the_model_moved_to_a_module_level_device_is_a_tru
         "train()\n"
     )
     result = pipeline.convert_source(source, "train.py")
-    assert not result.changed
-    assert "ACC108" in {f.code for f in result.findings}
-    assert any("chosen outside the function that trains" in f.message for f in result.findings)
+    assert result.changed, [f.render() for f in result.findings]
+    assert "    trainer = Wrapper(net).to(accelerator.device)\n" in result.output
+    assert "device = torch.device('cuda:0')" not in result.output
