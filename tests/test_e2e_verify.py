@@ -359,17 +359,23 @@ def test_a_difference_that_is_only_the_read_ahead_is_told_apart(tmp_path):
 def test_each_run_makes_its_outputs_in_a_folder_of_its_own(tmp_path):
     """The runs go side by side: what one makes at the top of the folder (`./outputs`) the others do not see
     (pytorch-ddpm's `os.makedirs(logdir + "/sample")` without `exist_ok` failed in whichever run came second;
-    a checkpoint one run wrote would be another's to resume from), and the user's folder is left as it was."""
-    shutil.copy(REPO / "examples" / "train.py", tmp_path / "train.py")
-    source = (tmp_path / "train.py").read_text(encoding="utf-8")
+    a checkpoint one run wrote would be another's to resume from), a path up from it (`../shared.txt`) is the
+    same file as from the folder, and the user's folder is left as it was."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "shared.txt").write_text("up", encoding="utf-8")
+    shutil.copy(REPO / "examples" / "train.py", project / "train.py")
+    source = (project / "train.py").read_text(encoding="utf-8")
     converted = convert_source(source, "train.py").output
+    reads_up = 'assert open("../shared.txt").read() == "up"\n'
     # the original looks for the folder after the others have had the time to make theirs
-    (tmp_path / "train.py").write_text(
+    (project / "train.py").write_text(
         'import os, time\ntime.sleep(5)\nassert not os.path.exists("outputs"), "another run\'s outputs"\n'
-        'os.makedirs("outputs")\n' + source, encoding="utf-8")
-    made = 'import os\nos.makedirs("outputs", exist_ok=True)\n' + converted
-    result = verify("train.py", steps=3, processes=2, cwd=str(tmp_path), env=script_env(), start=start_forked,
+        'os.makedirs("outputs")\n' + reads_up + source, encoding="utf-8")
+    made = 'import os\nos.makedirs("outputs", exist_ok=True)\n' + reads_up + converted
+    result = verify("train.py", steps=3, processes=2, cwd=str(project), env=script_env(), start=start_forked,
                     converted_source=made)
     assert result.original.ok and result.verdict == "identical", result.message
     assert result.distributed.verdict == "ok", result.distributed.message
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+    assert sorted(p.name for p in project.iterdir()) == ["train.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "shared.txt"]  # the runs' folders are gone

@@ -330,8 +330,8 @@ def _flag_of(visitor: cst.MetadataDependent, value: cst.BaseExpression) -> Optio
 
 def module_device(facts: Facts, plan: Plan) -> Optional[Ref]:
     """A device chosen at the module's top, read by functions, where the script trains in a function
-    (pytorch-ddpm's ``device = torch.device('cuda:0')`` read by ``train()`` and ``evaluate()``): the device of
-    each process, ``PartialState().device`` (what the Accelerator takes it from), is what every use of it means.
+    (pytorch-ddpm's ``device = torch.device('cuda:0')`` read by ``train()`` and ``evaluate()``): what every read
+    of it means is each process's device, ``accelerator.device`` (ACC031 rewrites the reads).
     Only a choice that reads nothing of the script's (``"cuda:0"``, ``"cuda" if torch.cuda.is_available() else
     "cpu"``: a flag choosing the CPU is the Accelerator's ``cpu=``), bound once, never in a function."""
     if plan.setup == MODULE or plan.distributed is not None or findall(facts.module, m.Name("PartialState")):

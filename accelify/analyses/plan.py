@@ -91,7 +91,8 @@ class Plan:
     #: ``Accelerator(cpu=<this>)`` when the device depended on a flag
     cpu_flag: Optional[str] = None
     #: a device chosen at the module's top for a script that trains in a function (pytorch-ddpm's
-    #: ``device = torch.device('cuda:0')``): it becomes ``PartialState().device`` (ACC031, accelify.analyses.devices)
+    #: ``device = torch.device('cuda:0')``): its reads become each process's device where they run (ACC031,
+    #: accelify.analyses.devices)
     module_device: Optional[Ref] = None
     #: the device an option or a configuration chose: (ref of the namespace, its attribute, whether it is
     #: an argparse ``--device`` option, a string; else a configuration's, a string or a ``torch.device``)

@@ -186,8 +186,8 @@ _READING = _NAMED | {"parameters", "buffers", "modules", "children"}
 def _reads_named_state(facts, func: cst.FunctionDef, param: str) -> bool:
     """Does ``func`` use its parameter ``param`` only to read the module's state (``source.state_dict()``,
     ``named_parameters()``), by name at least once other than to save it, never running it, rebinding it or
-    handing it on? Handed the
-    unwrapped model, such a function reads what it read before ``prepare``, and nothing of the wrapper is lost."""
+    handing it on? Handed the unwrapped model, such a function reads what it read before ``prepare``, and
+    nothing of the wrapper is lost."""
     if not isinstance(func.body, cst.IndentedBlock) or not func.body.body:
         return False
     scope = facts.get_metadata(ScopeProvider, func.body.body[0], None)

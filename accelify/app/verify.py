@@ -470,7 +470,7 @@ def start_process(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, st
 def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], steps: int, timeout: float,
             workdir: str, progress: Optional[ProgressCallback] = None, start: Starter = start_process) -> None:
     """Start every job at once and wait for all; fills in each ``Run``. Each job runs in a folder of its own
-    that mirrors ``cwd`` (``_private_folder``): what a run makes at the top of it (``./logs``, ``./checkpoints``)
+    that mirrors ``cwd``, beside it (``_private_folder``): what a run makes at the top of it (``./logs``, ``./checkpoints``)
     is its own, so runs side by side neither collide (``os.makedirs("logs/samples")`` without ``exist_ok``
     failed in whichever came second) nor read each other's outputs (a checkpoint to resume from)."""
     processes: list[_Process] = []
@@ -481,8 +481,10 @@ def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], st
             stderr_path = os.path.join(workdir, f"run{number}.stderr")
             run_env = {**env, "ACCELIFY_TRACE": trace, "ACCELIFY_TRACE_STEPS": str(steps)}
             stdout_path = os.path.join(workdir, f"run{number}.stdout")
-            folders[id(run)] = _private_folder(cwd, workdir, number)
-            popen = start(cmd, folders[id(run)], run_env, stdout_path, stderr_path)
+            folder = _private_folder(cwd, number)
+            if folder is not None:
+                folders[id(run)] = folder
+            popen = start(cmd, folder or cwd, run_env, stdout_path, stderr_path)
             processes.append(_Process(run, popen, trace, stderr_path, time.monotonic(), stdout_path=stdout_path))
             if progress:
                 progress(run, "started", 0)
@@ -502,13 +504,19 @@ def run_all(jobs: list[tuple[Run, list[str]]], cwd: str, env: dict[str, str], st
             _name_converted_copy(run, folders[id(run)], os.path.abspath(cwd))  # the paths as the user knows them
 
 
-def _private_folder(cwd: str, workdir: str, number: int) -> str:
-    """A folder with a symbolic link to every entry of ``cwd``: the script, its modules and its data read as
-    from ``cwd``; what a run creates at the top is its own."""
-    folder = os.path.join(workdir, f"run{number}.cwd")
-    os.mkdir(folder)
-    for entry in os.listdir(cwd):
-        os.symlink(os.path.join(os.path.abspath(cwd), entry), os.path.join(folder, entry))
+def _private_folder(cwd: str, number: int) -> Optional[str]:
+    """A folder beside ``cwd`` (so that ``../data`` means from it what it means from ``cwd``) with a symbolic link
+    to every entry of ``cwd``: the script, its modules and its data read as from ``cwd``; what a run creates at the
+    top is its own. None where it cannot be made (a parent folder this user cannot write): the run goes in ``cwd``."""
+    here = os.path.abspath(cwd)
+    folder = os.path.join(os.path.dirname(here), f".accelify-verify-{secrets.token_hex(4)}-run{number}")
+    try:
+        os.mkdir(folder)
+        for entry in os.listdir(here):
+            os.symlink(os.path.join(here, entry), os.path.join(folder, entry))
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
     return folder
 
 
