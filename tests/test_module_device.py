@@ -93,3 +93,15 @@ def test_the_fixture_trains_the_same_in_one_process_and_in_two_on_each_processs_
     assert rank0.count("samples") == 2 and rank1.strip() == ""
     for trace in runs["two"].traces:
         assert [sum(len(b) for b in loader["epochs"][0]) for loader in trace["loaders"]] == [32]
+
+
+def test_a_top_device_read_as_a_string_is_not_rewritten() -> None:
+    """`torch.autocast(device_type=device)` and `device == "cuda"` read the string: `accelerator.device` is a
+    `torch.device`, which neither takes nor equals it. Such a file keeps its refusal."""
+    top = "device = 'cuda' if torch.cuda.is_available() else 'cpu'"
+    source = SCRIPT.format(top=top).replace(
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n",
+        "        with torch.autocast(device_type=device, enabled=device == 'cuda'):\n"
+        "            loss = torch.nn.functional.mse_loss(model(x), y)\n")
+    result = convert_source(source, "train.py")
+    assert "PartialState" not in result.output and "accelerator.device" not in result.output

@@ -351,7 +351,24 @@ def module_device(facts: Facts, plan: Plan) -> Optional[Ref]:
         if found is not None:
             return None  # two devices at the top: which is the training one is not for accelify to guess
         found = ref
-    if found is None or not any(ref_of(facts, n) == found and key_at(facts, n) != MODULE
-                                for n in findall(facts.module, m.Name(found[1]))):
+    if found is None:
         return None
+    reads = [n for n in findall(facts.module, m.Name(found[1])) if ref_of(facts, n) == found
+             and key_at(facts, n) != MODULE]
+    if not reads or not all(_where_a_device_goes(facts, n) for n in reads):
+        return None  # read as a string too (`device == "cuda"`, `device_type=device`): not a device's place
     return found
+
+
+def _where_a_device_goes(facts: Facts, name: cst.Name) -> bool:
+    """``x.to(device)``, ``.cuda(device)``, ``torch.device(device)``, ``device=device``, ``map_location=device``:
+    where ``accelerator.device`` (a ``torch.device``) means what the name meant."""
+    arg = facts.get_metadata(ParentNodeProvider, name, None)
+    call = facts.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+    if not isinstance(call, cst.Call) or arg.value is not name:  # type: ignore[union-attr]
+        return False
+    if arg.keyword is not None:  # type: ignore[union-attr]
+        return arg.keyword.value in ("device", "map_location")  # type: ignore[union-attr]
+    first = call.args[0] is arg
+    method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    return first and (method in ("to", "cuda") or classify_device(facts, call) is not None)
