@@ -27,7 +27,8 @@ class ModuleDevice(AccelifyCodemod):
     there reads it. Not ``device = PartialState().device`` at the top: made at import, before the
     Accelerator, that state would not know ``accelerate launch --cpu``. Only a choice that reads
     nothing of the script's (``"cuda" if torch.cuda.is_available() else "cpu"``, ``"cuda:0"``), bound
-    once at the top, where no ``cpu=`` flag of the Accelerator picks the CPU.
+    once at the top, read in functions only where a device goes (``.to(device)``, ``device=device``), where
+    no ``cpu=`` flag of the Accelerator picks the CPU.
 
     Before::
 
