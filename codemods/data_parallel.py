@@ -87,9 +87,9 @@ class DataParallel(AccelifyCodemod):
         self.wrapped = set(self.plan.flow["model"]) if wraps else set()
         # `trainer = nn.DataParallel(trainer)` around a module no optimizer trains (pytorch-ddpm's trainer and samplers,
         # under `if FLAGS.parallel:`): it goes too, its `.module` read through `unwrap_model` (the module itself)
-        self._other_wraps = {id(a.value) for a in findall(node, m.Assign()) if self._rewraps_other(a)}  # type: ignore[arg-type]
-        self.wrapped |= {ref_of(self, a.targets[0].target) for a in findall(node, m.Assign())  # type: ignore[attr-defined]
-                         if id(a.value) in self._other_wraps}  # type: ignore[attr-defined]
+        others = [a for a in findall(node, m.Assign()) if self._rewraps_other(a)]  # type: ignore[arg-type]
+        self._other_wraps = {id(a.value) for a in others}  # type: ignore[attr-defined]
+        self.wrapped |= {ref_of(self, a.targets[0].target) for a in others}  # type: ignore[attr-defined]
         # `teacher = DDP(teacher, ...)` around a model the script freezes: `accelerator.prepare_model(teacher)`
         # (in :meth:`leave_Call`), whose `.module` is the wrapper's too
         self._untrained_wraps: set[int] = set()

@@ -11,13 +11,12 @@ from libcst.metadata import ParentNodeProvider
 from accelify.analyses.plan import Plan
 from accelify.queries.blocks import iter_statements, scope_root
 from accelify.queries.refs import key_at, ref_of
+from accelify.queries.training import LOAD_STATE_DICT, UNWRAP_MODEL
 from accelify.queries.walk import findall
 
 from .base import AccelifyCodemod, accelerator_attr
 
-_LOAD = m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))
 _STATE = m.Call(func=m.Attribute(attr=m.Name("state_dict")))
-_UNWRAP = m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])
 
 
 class Loading(AccelifyCodemod):
@@ -129,7 +128,7 @@ class Loading(AccelifyCodemod):
     def _wrapped(self, call: cst.Call) -> bool:
         """``model.state_dict()`` of a prepared model, where it is (or may be) wrapped."""
         owner = call.func.value  # type: ignore[attr-defined]
-        if m.matches(owner, _UNWRAP) or ref_of(self, owner) not in self.plan.flow["model"]:
+        if m.matches(owner, UNWRAP_MODEL) or ref_of(self, owner) not in self.plan.flow["model"]:
             return False
         saving = self.other("ACC009")
         if saving is not None and saving.unwraps(call):  # type: ignore[attr-defined]
@@ -144,7 +143,7 @@ class Loading(AccelifyCodemod):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) in self.plan.states_into_plain:
             return self._unwrapped_state(original_node, updated_node)
-        if not m.matches(original_node, _LOAD) or self._wrapped_state:
+        if not m.matches(original_node, LOAD_STATE_DICT) or self._wrapped_state:
             return updated_node
         owner = original_node.func.value  # type: ignore[attr-defined]
         if ref_of(self, owner) not in self.plan.flow["model"] or self.inside(original_node, self._plain):

@@ -83,7 +83,9 @@ class ModuleDevice(AccelifyCodemod):
         self._kept = any(key_at(self, n) == MODULE for n in reads)  # read at the top too: the line stays
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Union[cst.Name, cst.BaseExpression]:
-        if ref_of(self, original_node) != self.plan.module_device or key_at(self, original_node) == MODULE \
+        device = self.plan.module_device
+        if device is None or original_node.value != device[1] or ref_of(self, original_node) != device \
+                or key_at(self, original_node) == MODULE \
                 or self.get_metadata(ExpressionContextProvider, original_node, None) != ExpressionContext.LOAD:
             return updated_node
         accelerator = self.accelerator_at(original_node)

@@ -334,7 +334,7 @@ def module_device(facts: Facts, plan: Plan) -> Optional[Ref]:
     of it means is each process's device, ``accelerator.device`` (ACC031 rewrites the reads).
     Only a choice that reads nothing of the script's (``"cuda:0"``, ``"cuda" if torch.cuda.is_available() else
     "cpu"``: a flag choosing the CPU is the Accelerator's ``cpu=``), bound once, never in a function."""
-    if plan.setup == MODULE or plan.distributed is not None or findall(facts.module, m.Name("PartialState")):
+    if plan.setup == MODULE or plan.distributed is not None:
         return None
     found = None
     for ref, assigns in facts.assigns.items():
@@ -351,7 +351,7 @@ def module_device(facts: Facts, plan: Plan) -> Optional[Ref]:
         if found is not None:
             return None  # two devices at the top: which is the training one is not for accelify to guess
         found = ref
-    if found is None:
+    if found is None or findall(facts.module, m.Name("PartialState")):  # (the rewrite's name taken)
         return None
     reads = [n for n in findall(facts.module, m.Name(found[1])) if ref_of(facts, n) == found
              and key_at(facts, n) != MODULE]

@@ -372,8 +372,9 @@ def _decide(facts: Facts) -> Plan:
     if not prepare_point.place(facts, plan):
         return plan
     if not plan.evaluation:  # an evaluation's model is prepared with `evaluation_mode=True`: nothing wraps it
-        plan.handed_away = unwrapping.handed_away(facts, plan)
-        plan.states_into_plain = {id(c) for c in unwrapping.states_into_plain_models(facts, plan)}
+        readers = unwrapping.state_readers(facts)
+        plan.handed_away = unwrapping.handed_away(facts, plan, readers)
+        plan.states_into_plain = {id(c) for c in unwrapping.states_into_plain_models(facts, plan, readers)}
     helpers.needs_accelerator(facts, plan)
     # The checks from here on build nothing the codemods read: each runs whatever the others found, so
     # that a file left unchanged is reported with every construct that blocks it.

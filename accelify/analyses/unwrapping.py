@@ -13,7 +13,7 @@ from accelify.analyses.data import foreign_callee
 from accelify.queries.blocks import scope_root
 from accelify.queries.names import TORCH_SAVE, has_qname, root_name
 from accelify.queries.refs import key_at, ref_of
-from accelify.queries.training import BACKWARD, locate_setup, rebound_region
+from accelify.queries.training import BACKWARD, LOAD_STATE_DICT, UNWRAP_MODEL, locate_setup, rebound_region
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ MODULE_API = frozenset({
 })
 
 
-def handed_away(facts, plan: Plan) -> set[int]:
+def handed_away(facts, plan: Plan, readers: set[tuple[str, str]]) -> set[int]:
     """The prepared models (plain names) handed, in a call made as a statement of its own, to code of another
     module (or in a call whose result is saved right away, GAT's ``torch.save(utils.get_training_state(config,
     gat), path)``): a function imported from it, or a method of an object made from one of its classes (dome272's
@@ -129,8 +129,8 @@ def handed_away(facts, plan: Plan) -> set[int]:
     the model itself, its parameters shared with the wrapper. Nothing the call returns reaches a backward,
     and code of another module that trains is converted with the script or refused (accelify.core.unit),
     so the wrapper's gradient synchronisation is not bypassed. So are a copy of the model (``copy.deepcopy(model)``)
-    and the model handed to a function of this file that only reads its state by name (``_state_readers``).
-    Output: ids of the argument expressions."""
+    and the model handed to a function of this file that only reads its state by name (``readers``, from
+    ``state_readers``). Output: ids of the argument expressions."""
     found: set[int] = set()
     for call in facts.calls:
         # a copy of the model (`best_model = copy.deepcopy(model)`): of the model itself, not of its wrapper (whose
@@ -155,14 +155,14 @@ def handed_away(facts, plan: Plan) -> set[int]:
             found.update(id(v) for v in models)
     # a function of this file that reads the state of the model it is handed by name (pytorch-ddpm's
     # `ema(net_model, ema_model, decay)`, pairing `source.state_dict()` keys with the EMA copy's)
-    for name, param in _state_readers(facts):
+    for name, param in readers:
         for _, bound in facts.call_sites(name, facts.functions[name]):
             if ref_of(facts, bound[param]) in plan.flow["model"]:
                 found.add(id(bound[param]))
     return found
 
 
-def _state_readers(facts) -> set[tuple[str, str]]:
+def state_readers(facts) -> set[tuple[str, str]]:
     """``(function, parameter)`` of this file's functions that read the state of the module they are handed by
     name (``_reads_named_state``), every call handing it a plain name: a prepared model among them is handed
     unwrapped."""
@@ -216,22 +216,20 @@ def _saved(facts, node: cst.CSTNode) -> bool:
     return False
 
 
-_LOAD_STATE = m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))
 _STATE = m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])
-_UNWRAP = m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])
 
 
-def states_into_plain_models(facts, plan: Plan) -> list[cst.Call]:
+def states_into_plain_models(facts, plan: Plan, readers: set[tuple[str, str]]) -> list[cst.Call]:
     """``ema_model.load_state_dict(model.state_dict())`` (or of its ``copy.deepcopy``): the ``state_dict()`` calls
     of a prepared model loaded into a model that is not prepared. Through the wrapper its names have ``module.``
     before them and would not load; read from ``accelerator.unwrap_model(model)`` they are the names the script
     had (ACC014 reads them so once the model is prepared)."""
-    found, readers = [], _state_readers(facts)
+    found = []
     for call in facts.calls:
-        if not m.matches(call, _LOAD_STATE) or not call.args or call.args[0].keyword is not None:
+        if not m.matches(call, LOAD_STATE_DICT) or not call.args or call.args[0].keyword is not None:
             continue
         target = call.func.value  # type: ignore[attr-defined]
-        if m.matches(target, _UNWRAP) or ref_of(facts, target) in plan.flow["model"]:
+        if m.matches(target, UNWRAP_MODEL) or ref_of(facts, target) in plan.flow["model"]:
             continue
         value = call.args[0].value
         if isinstance(value, cst.Call) and len(value.args) == 1 and has_qname(facts, value.func, _DEEPCOPY):

@@ -61,6 +61,10 @@ def setup_blocks(root: Union[cst.Module, cst.FunctionDef]) -> Iterator[Body]:
 
 
 BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
+#: ``x.load_state_dict(...)``
+LOAD_STATE_DICT = m.Call(func=m.Attribute(attr=m.Name("load_state_dict")))
+#: ``accelerator.unwrap_model(model)``
+UNWRAP_MODEL = m.Call(func=m.Attribute(attr=m.Name("unwrap_model")), args=[m.Arg()])
 
 
 _TRAINERS: list[tuple[cst.Module, frozenset[str]]] = []  # the last module asked about (one file at a time)
