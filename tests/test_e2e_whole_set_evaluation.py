@@ -7,14 +7,12 @@ each process draws every test batch (the training data is sharded; the evaluatio
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from e2e import FIXTURES, run_traced, script_env  # noqa: E402
+from e2e import FIXTURES, fixture_runs  # noqa: E402
 
 from accelify.core.pipeline import convert_source  # noqa: E402
 
@@ -27,15 +25,8 @@ def runs(tmp_path_factory):
     result = convert_source(source, "before.py")
     assert result.error is None and result.output != source
     assert [f.code for f in result.findings] == ["ACC146"]
-    env = script_env(PYTHONHASHSEED="0")
-    scripts = {}
-    for run, text in (("original", source), ("one", result.output), ("two", result.output)):
-        folder = tmp_path_factory.mktemp(run)
-        scripts[run] = folder / "script.py"
-        scripts[run].write_text(text, encoding="utf-8")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        jobs = {run: pool.submit(run_traced, script, env, 2 if run == "two" else 1) for run, script in scripts.items()}
-        return {run: job.result() for run, job in jobs.items()}
+    assert result.output == (FIXTURES / NAME / "after.py").read_text(encoding="utf-8")  # what runs as converted
+    return fixture_runs(tmp_path_factory, NAME)
 
 
 def test_one_process_prints_the_same(runs):

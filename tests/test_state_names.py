@@ -121,3 +121,8 @@ def test_the_fixture_trains_the_same_in_one_process_and_runs_in_two(runs) -> Non
     assert runs["one"].stdout[0] == original
     rank0, rank1 = runs["two"].stdout
     assert rank0.count("ema weight sum") == 2 and rank1.strip() == ""
+    # the copy of the trained model is saved with the model's own names, once (a copy of the wrapper had `module.`)
+    saved = {s["file"]: s["keys"] for s in runs["original"].traces[0]["saves"]}
+    assert sorted(saved) == ["best.pt", "ema.pt"] and saved["best.pt"] == saved["ema.pt"]
+    assert {s["file"]: s["keys"] for s in runs["two"].traces[0]["saves"]} == saved
+    assert runs["two"].traces[1]["saves"] == []
