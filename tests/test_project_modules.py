@@ -265,3 +265,64 @@ def test_a_module_used_as_module_dot_function_is_named_when_it_cannot_join(tmp_p
     [finding] = result.findings
     assert (finding.code, finding.line) == ("ACC135", 3)
     assert "it runs `Solver` of `solver`" in finding.message
+
+
+EVAL_MODULE = """\
+import torch
+from optimizers import get_optimizer
+
+
+def main(args):
+    classifier = torch.nn.Linear(4, 2)
+    optimizer = get_optimizer(args.name, classifier)
+    for x in range(2):
+        loss = classifier(torch.randn(2, 4)).sum()
+        loss.backward()
+        optimizer.step()
+"""
+
+OPTIMIZERS = """\
+import torch
+
+
+def get_optimizer(name, model):
+    if name == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    return optimizer
+"""
+
+ENTRY_WITH_EVAL = """\
+import torch
+from optimizers import get_optimizer
+from linear_eval import main as linear_eval
+
+
+def main(args):
+    model = torch.nn.Linear(4, 2)
+    optimizer = get_optimizer(args.name, model)
+    for x in range(2):
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        optimizer.step()
+    linear_eval(args)
+
+
+if __name__ == "__main__":
+    main(None)
+"""
+
+
+def test_every_function_that_trains_without_a_known_optimizer_is_named(tmp_path) -> None:
+    """SimSiam (PatrickHua): `main.py` and the `linear_eval.py` it runs each train through an optimizer
+    accelify does not recognise; only the first backward of the merged program was named, in
+    `linear_eval.py`, and `main.py` looked refused for nothing of its own."""
+    (tmp_path / "linear_eval.py").write_text(EVAL_MODULE, encoding="utf-8")
+    (tmp_path / "optimizers.py").write_text(OPTIMIZERS, encoding="utf-8")
+    (tmp_path / "main.py").write_text(ENTRY_WITH_EVAL, encoding="utf-8")
+    result = convert_source(ENTRY_WITH_EVAL, str(tmp_path / "main.py"))
+    assert not result.changed
+    assert [(f.code, f.line) for f in result.findings] == [("ACC125", 11)]
+    [companion] = result.companions
+    assert [(f.code, f.line) for f in companion.findings] == [("ACC125", 10)]

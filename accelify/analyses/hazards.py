@@ -47,14 +47,18 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
             f"import it by name (`import {code_of(root_name(call.func))}`), then run accelify again.",
         )
         return
-    facts.finding(
-        plan, backwards[0], "ACC125",
-        "this file runs a backward pass, but builds no optimizer accelify recognises (a `torch.optim` class, or "
-        "an optimizer over `model.parameters()`): the parameters are updated by hand, or by an optimizer "
-        "made elsewhere. File not converted.",
-        "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
-        "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
-    )
+    firsts: dict[str, cst.Call] = {}
+    for call in backwards:  # one finding per function that trains (an entry and a module converted with it)
+        firsts.setdefault(key_at(facts, call) or "", call)
+    for call in firsts.values():
+        facts.finding(
+            plan, call, "ACC125",
+            "this file runs a backward pass, but builds no optimizer accelify recognises (a `torch.optim` class, or "
+            "an optimizer over `model.parameters()`): the parameters are updated by hand, or by an optimizer "
+            "made elsewhere. File not converted.",
+            "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
+            "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
+        )
 
 
 def _star_imported_optimizer(facts: Facts) -> Optional[tuple[cst.Call, str]]:
