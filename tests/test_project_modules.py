@@ -319,10 +319,83 @@ def test_every_function_that_trains_without_a_known_optimizer_is_named(tmp_path)
     accelify does not recognise; only the first backward of the merged program was named, in
     `linear_eval.py`, and `main.py` looked refused for nothing of its own."""
     (tmp_path / "linear_eval.py").write_text(EVAL_MODULE, encoding="utf-8")
-    (tmp_path / "optimizers.py").write_text(OPTIMIZERS, encoding="utf-8")
+    # a factory accelify cannot read: it moves the model itself
+    (tmp_path / "optimizers.py").write_text(OPTIMIZERS.replace("    if name ==", "    model.cuda()\n    if name ==", 1),
+                                            encoding="utf-8")
     (tmp_path / "main.py").write_text(ENTRY_WITH_EVAL, encoding="utf-8")
     result = convert_source(ENTRY_WITH_EVAL, str(tmp_path / "main.py"))
     assert not result.changed
-    assert [(f.code, f.line) for f in result.findings] == [("ACC125", 11)]
+    assert [(f.code, f.line) for f in result.findings] == [("ACC125", 8)]
     [companion] = result.companions
-    assert [(f.code, f.line) for f in companion.findings] == [("ACC125", 10)]
+    assert [(f.code, f.line) for f in companion.findings] == [("ACC125", 7)]
+    assert all("`get_optimizer` builds the optimizer in `optimizers`" in f.message and "runs `model.cuda()`" in f.message
+               for f in (*result.findings, *companion.findings))
+
+
+FACTORY_ENTRY = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from optimizers import get_optimizer
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = get_optimizer({args})
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+    loss = ((model(x) - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("factory, args", [
+    # SimSiam's: parameter groups from `named_parameters()`, one optimizer per choice, an else that raises
+    (OPTIMIZERS, '"sgd", model'),
+    (OPTIMIZERS, 'name="sgd", model=model'),
+    # returned directly, wrapping an optimizer (LARC around SGD)
+    ("import torch\nfrom larc import LARC\n\n\ndef build_optimizer(cfg, net):\n"
+     "    return LARC(torch.optim.SGD(net.parameters(), lr=cfg), trust_coefficient=0.001)\n", "0.1, model"),
+])
+def test_an_optimizer_factory_of_the_project_trains_the_model_it_is_handed(tmp_path, factory, args) -> None:
+    (tmp_path / "optimizers.py").write_text(factory, encoding="utf-8")
+    text = FACTORY_ENTRY.format(args=args)
+    if "build_optimizer" in factory:
+        text = text.replace("get_optimizer", "build_optimizer")
+    (tmp_path / "train.py").write_text(text, encoding="utf-8")
+    result = convert_source(text, str(tmp_path / "train.py"))
+    assert result.changed and not result.findings, result.findings
+    assert "loader, model, optimizer = accelerator.prepare(loader, model, optimizer)" in result.output
+    assert "accelerator.backward(loss)" in result.output
+
+
+@pytest.mark.parametrize("factory, why", [
+    # it moves the model itself
+    ("import torch\n\n\ndef get_optimizer(name, model):\n    model.cuda()\n"
+     "    return torch.optim.SGD(model.parameters(), lr=0.1)\n", "runs `model.cuda()`"),
+    # it returns something else too
+    ("import torch\n\n\ndef get_optimizer(name, model):\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+     "    return opt, torch.optim.lr_scheduler.StepLR(opt, 1)\n", "does not return an optimizer"),
+    # it builds the optimizer over parameters it was not handed
+    ("import torch\nHEAD = torch.nn.Linear(2, 2)\n\n\ndef get_optimizer(name, model):\n"
+     "    return torch.optim.SGD(HEAD.parameters(), lr=0.1)\n", "does not return an optimizer"),
+])
+def test_an_optimizer_factory_accelify_cannot_read_is_named(tmp_path, factory, why) -> None:
+    (tmp_path / "optimizers.py").write_text(factory, encoding="utf-8")
+    (tmp_path / "train.py").write_text(FACTORY_ENTRY.format(args='"sgd", model'), encoding="utf-8")
+    result = convert_source(FACTORY_ENTRY.format(args='"sgd", model'), str(tmp_path / "train.py"))
+    assert not result.changed
+    [finding] = result.findings
+    assert (finding.code, finding.line) == ("ACC125", 8)
+    assert "`get_optimizer` builds the optimizer in `optimizers`" in finding.message and why in finding.message
+
+
+def test_an_optimizer_factory_handed_a_model_by_expression_is_not_followed(tmp_path) -> None:
+    """`get_optimizer("sgd", nets["main"])`: what it trains is no name accelify can prepare."""
+    (tmp_path / "optimizers.py").write_text(OPTIMIZERS, encoding="utf-8")
+    text = FACTORY_ENTRY.format(args='"sgd", nets["main"]').replace(
+        "model = torch.nn.Linear(4, 2).to(device)\n", "model = torch.nn.Linear(4, 2).to(device)\nnets = {'main': model}\n")
+    (tmp_path / "train.py").write_text(text, encoding="utf-8")
+    result = convert_source(text, str(tmp_path / "train.py"))
+    assert not result.changed and [f.code for f in result.findings] == ["ACC125"]

@@ -201,8 +201,8 @@ def handed_elsewhere(facts: Facts, plan: Plan) -> bool:
         if not any(ref_of(facts, a.value) in objects for a in call.args):
             continue
         function = called_function(facts, facts.module, facts.foreign, call.func)
-        if function is None or not function.unsafe:
-            continue
+        if function is None or not function.unsafe or function.trains is not None:
+            continue  # (an optimizer factory reads the model's parameters before `prepare`)
         given = next(code_of(a.value) for a in call.args if ref_of(facts, a.value) in objects)
         facts.finding(
             plan, call, "ACC135",

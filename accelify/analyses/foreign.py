@@ -15,6 +15,12 @@ function the script calls, :class:`Foreign` parses its module once and answers:
   keeping its own timing in module globals and calling only functions of its module that compute
   (``format_time``): every process would print it; the script's call goes under ``if
   accelerator.is_main_process:`` as for a writer;
+- ``trains``: it is an optimizer factory (``get_optimizer(name, model, lr, ...)``, ``build_optimizer(cfg,
+  model)``): every ``return`` hands back an optimizer it builds (a ``torch.optim`` class, a class named like one,
+  or one wrapping such an optimizer: ``LARC(SGD(...))``), over the parameters of some of its parameters
+  (``model.parameters()``, ``named_parameters()``, ``named_modules()``), and it neither places tensors, trains
+  nor defines functions; ``trains`` names those parameters. The script's ``optimizer = get_optimizer(...,
+  model, ...)`` is then an optimizer training what the call hands them (accelify.analyses.objects);
 - ``unsafe``: it places tensors, trains, downloads or unpacks data (``download=True``,
   ``urlretrieve``, ``extractall``), runs a command (``subprocess``, ``os.system``), makes a directory
   without ``exist_ok=True`` or manages processes: none of the above is claimed for it (ACC135 still
@@ -26,7 +32,7 @@ function of the project is ``unsafe``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 import libcst as cst
@@ -34,7 +40,7 @@ import libcst.matchers as m
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from accelify.queries.names import (WRITERS, qualified_names, split_relative, star_import_modules,
+from accelify.queries.names import (OPTIMIZER_NAME, WRITERS, qualified_names, split_relative, star_import_modules,
                                    string_value)
 from accelify.queries.loops import built_loader
 from accelify.queries.walk import findall
@@ -66,6 +72,8 @@ class ForeignFunction:
     unsafe: bool
     why: str = ""  # what keeps it from being read as a loader function, for a finding
     prints: bool = False
+    trains: Optional[tuple[str, ...]] = None  # an optimizer factory: the parameters whose parameters it trains
+    node: Optional[cst.FunctionDef] = field(default=None, compare=False, repr=False)
 
 
 class _Metadata:
@@ -131,7 +139,7 @@ class Foreign:
         elif not why and loaders is None:
             why = "does not return a DataLoader it builds on every return"
         return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why,
-                               _console_only(module, meta, func))
+                               _console_only(module, meta, func), _optimizer_factory(meta, func), func)
 
     def _unsafe(self, meta: _Metadata, call: cst.Call) -> bool:
         """Does the call place tensors, train, synchronise, download, or run code of the project that is not
@@ -202,6 +210,53 @@ def _computes(func: cst.FunctionDef) -> bool:
                 isinstance(call.func, cst.Attribute) and call.func.attr.value in _COMPUTES):
             return False
     return True
+
+
+_MODEL_PARAMETERS = frozenset({"parameters", "named_parameters", "named_modules"})
+
+
+def _optimizer_factory(meta: _Metadata, func: cst.FunctionDef) -> Optional[tuple[str, ...]]:
+    """The parameters of ``func`` whose parameters the optimizer it builds and returns trains, when it is an
+    optimizer factory (see the module's docstring: ``trains``); None otherwise."""
+    if findall(func.body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal() | m.Lambda() | m.Yield()):
+        return None
+    for call in findall(func.body, m.Call()):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _PLACES | _TRAINS:
+            return None
+        if any(n.startswith(("torch.cuda", "torch.distributed", "accelerate")) for n in qualified_names(meta, call.func)):
+            return None
+    returns = findall(func.body, m.Return())
+    if not returns:
+        return None
+    for ret in returns:
+        value = ret.value
+        if isinstance(value, cst.Name):
+            built = [a.value for a in findall(func.body, m.Assign()) if any(
+                m.matches(t.target, m.Name(value.value)) for t in a.targets)]  # type: ignore[attr-defined]
+            if not built or findall(func.body, m.AugAssign(target=m.Name(value.value)) | m.AnnAssign(
+                    target=m.Name(value.value))) or any(not _builds_optimizer(meta, b) for b in built):
+                return None
+        elif value is None or not _builds_optimizer(meta, value):
+            return None
+    names = [p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)]
+    read = {c.func.value.value for c in findall(func.body, m.Call(func=m.Attribute(value=m.Name(), attr=m.OneOf(
+        *(m.Name(a) for a in _MODEL_PARAMETERS)))))}  # type: ignore[attr-defined]
+    trained = tuple(n for n in names if n in read)
+    return trained or None
+
+
+def _builds_optimizer(meta: _Metadata, value: cst.BaseExpression) -> bool:
+    """``torch.optim.SGD(...)``, ``LARS(...)``, ``LARC(torch.optim.SGD(...), ...)``."""
+    if not isinstance(value, cst.Call):
+        return False
+    names = qualified_names(meta, value.func) or (
+        {value.func.value} if isinstance(value.func, cst.Name) else set())
+    if any(n.startswith(("torch.optim.lr_scheduler", "torch.optim.swa_utils")) for n in names):
+        return False
+    if any(n.startswith("torch.optim.") or OPTIMIZER_NAME.search(n.rsplit(".", 1)[-1]) for n in names):
+        return True
+    first = value.args[0].value if value.args and value.args[0].keyword is None else None
+    return first is not None and isinstance(first, cst.Call) and _builds_optimizer(meta, first)
 
 
 def _opens_for_writing(meta: _Metadata, call: cst.Call) -> bool:

@@ -259,7 +259,8 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
         value = _model_call(assign.value)
         if call_at is None and isinstance(value, cst.Call) and ref_of(visitor, value.func) in plan.flow["model"]:
             call_at = position
-    metrics = [i for i, (_, s) in enumerate(rows) if _metric(s) and _reads(s) & derived]
+    # not a `with` whose statements are rows of their own: its metric is the row inside it
+    metrics = [i for i, (_, s) in enumerate(rows) if not _opened(s) and _metric(s) and _reads(s) & derived]
     if not metrics:
         return None
     if plan.batch_sampler is not None:
@@ -605,6 +606,11 @@ def _first_use(statements: list[cst.BaseStatement], names: set[str]):
             if node.value in names:  # type: ignore[attr-defined]
                 order.setdefault(node.value, len(order))  # type: ignore[attr-defined]
     return lambda name: order.get(name, len(order))
+
+
+def _opened(stmt: cst.BaseStatement) -> bool:
+    """A ``with`` whose statements :func:`_statements` lists as rows of their own."""
+    return isinstance(stmt, cst.With) and isinstance(stmt.body, cst.IndentedBlock)
 
 
 def _statements(block: cst.BaseSuite) -> Sequence[tuple[cst.IndentedBlock, cst.BaseStatement]]:

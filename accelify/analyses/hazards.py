@@ -21,7 +21,8 @@ from accelify.analyses.facts import Facts
 from accelify.analyses.helpers import why_no_accelerator
 from accelify.analyses.ranks import under_main_process_check
 from accelify.queries.blocks import enclosing_function
-from accelify.queries.names import code_of, qualified_names, root_name, star_imports
+from accelify.analyses.foreign import ForeignFunction, called_function
+from accelify.queries.names import OPTIMIZER_NAME, code_of, qualified_names, root_name, star_imports
 from accelify.queries.refs import ACCELERATOR_SPELLINGS, key_at, scope_key
 from accelify.queries.walk import findall
 
@@ -47,9 +48,21 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
             f"import it by name (`import {code_of(root_name(call.func))}`), then run accelify again.",
         )
         return
+    factories = _unread_factories(facts)
+    for call, function in factories:
+        facts.finding(
+            plan, call, "ACC125",
+            f"`{code_of(call.func)}` builds the optimizer in `{function.module}`, and accelify cannot tell what it "
+            f"trains: it {function.why if function.unsafe or function.writes else _NO_FACTORY}. "
+            "File not converted.",
+            f"make `{code_of(call.func)}` only build and return the optimizer over the model it is handed "
+            "(`torch.optim.SGD(model.parameters(), ...)`), or build it beside the model.",
+        )
     firsts: dict[str, cst.Call] = {}
     for call in backwards:  # one finding per function that trains (an entry and a module converted with it)
         firsts.setdefault(key_at(facts, call) or "", call)
+    for key in {key_at(facts, call) or "" for call, _ in factories}:
+        firsts.pop(key, None)  # said where the optimizer comes from
     for call in firsts.values():
         facts.finding(
             plan, call, "ACC125",
@@ -59,6 +72,24 @@ def untrained_backward(facts: Facts, plan: Plan) -> None:
             "build the optimizer beside the model (`torch.optim.SGD(model.parameters(), ...)`), or convert by "
             "hand: `accelerator.prepare(model, ...)` and `accelerator.backward(loss)`.",
         )
+
+
+_NO_FACTORY = "does not return an optimizer it builds over the parameters of a model it is handed"
+
+
+def _unread_factories(facts: Facts) -> list[tuple[cst.Call, ForeignFunction]]:
+    """``optimizer = get_optimizer(args.name, model)`` where ``get_optimizer``, a function of another module of the
+    project named for optimizers, is no factory accelify can read (accelify.analyses.foreign: ``trains``)."""
+    found = []
+    for assigns in facts.assigns.values():
+        for assign in assigns:
+            call = assign.value
+            if not isinstance(call, cst.Call) or not OPTIMIZER_NAME.search(code_of(call.func).rsplit(".", 1)[-1]):
+                continue
+            function = called_function(facts, facts.module, facts.foreign, call.func)
+            if function is not None and function.trains is None:
+                found.append((call, function))
+    return found
 
 
 def _star_imported_optimizer(facts: Facts) -> Optional[tuple[cst.Call, str]]:
@@ -130,6 +161,7 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
         EarlyStops(facts, plan, facts.module, [*facts.loops, *facts.whiles], facts.exits, trust_gathers=True).findings()
     )
     refused = _wrapped_model_attributes(facts, plan) or _evaluated_by_one_process(facts, plan)
+    refused = _container_models(facts, plan) or refused
     for call in facts.calls:
         func = call.func
         if (
@@ -145,6 +177,37 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
             )
 
     return not refused
+
+
+#: modules without a ``forward``: they only hold others
+_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.modules.container.ModuleList",
+                         "torch.nn.modules.container.ModuleDict"})
+
+
+def _container_models(facts: Facts, plan: Plan) -> bool:
+    """ACC147: the optimizer trains an ``nn.ModuleList`` (or ``ModuleDict``) and the script calls the modules in it
+    (RepDistiller's ``trainable_list.append(model_s)``, ``SGD(trainable_list.parameters())``, then ``model_s(x)``):
+    prepared, the container would be wrapped in DistributedDataParallel, whose ``forward`` never runs (a
+    container has none), so no gradient would be averaged between the processes and each would train a model
+    of its own. True when one is found: the file is not converted."""
+    found = False
+    for ref in sorted(plan.flow.get("model", ())):
+        for assign in facts.assigns.get(ref, []):
+            value = assign.value
+            if isinstance(value, cst.Call) and qualified_names(facts, value.func) & _CONTAINERS:
+                name = ref[1]
+                facts.finding(
+                    plan, assign, "ACC147",
+                    f"the optimizer trains `{name}`, a `{code_of(value.func)}`, which holds modules and has no "
+                    "`forward`: prepared, it would be wrapped for distributed training, the wrapper would never run "
+                    "(the script calls the modules in it), and no gradient would be averaged between the processes. "
+                    "File not converted.",
+                    "prepare the modules the script calls (`model = accelerator.prepare(model)`, each) and build the "
+                    f"optimizer over their parameters, or call `{name}` through a module whose `forward` runs them.",
+                )
+                found = True
+                break
+    return found
 
 
 def _evaluated_by_one_process(facts: Facts, plan: Plan) -> bool:

@@ -25,7 +25,8 @@ from accelify.analyses.foreign import called_function
 from accelify.analyses.facts import Facts, bind_arguments, param_names
 from accelify.queries.blocks import bound_on_all_paths, under
 from accelify.queries.loops import built_loader
-from accelify.queries.names import DATALOADERS, code_of, has_qname, qualified_names, root_name, subclasses_optimizer
+from accelify.queries.names import (DATALOADERS, OPTIMIZER_NAME, code_of, has_qname, qualified_names, root_name,
+                                   subclasses_optimizer)
 from accelify.queries.refs import MODULE, Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from accelify.analyses.plan import Plan
 
 TORCH_SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
-_OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
+_OPTIMIZER_NAME = OPTIMIZER_NAME
 SCHEDULER_FACTORY = re.compile(r"(^|\.)get_\w*schedule\w*$")
 _SCHEDULER_NAME = re.compile(r"sched|lr|warmup|decay|anneal|cycl|plateau", re.I)
 
@@ -166,7 +167,8 @@ def _optimizer_models(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
         return found
     if is_torch_optim:
         return []
-    return _one_line_factory(facts, call)
+    found = _one_line_factory(facts, call)
+    return found if found is not None or not looks_like_optim else _foreign_factory(facts, call)
 
 
 def _filled_from_parameters(facts: Facts) -> dict[str, cst.BaseExpression]:
@@ -224,6 +226,19 @@ def _one_line_factory(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExp
             return None  # a model the factory builds or finds itself
         handed.append(bound[model.value])
     return handed
+
+
+def _foreign_factory(facts: Facts, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
+    """``optimizer = get_optimizer(args.name, model, lr=...)`` where ``get_optimizer`` is an optimizer factory of
+    the project's other modules (SimSiam's ``optimizers.get_optimizer``, accelify.analyses.foreign): the
+    optimizer trains what the call hands the parameters whose parameters the factory reads, each a plain name."""
+    function = called_function(facts, facts.module, facts.foreign, call.func)
+    if function is None or function.trains is None or function.node is None:
+        return None
+    bound = bind_arguments(function.node, call)
+    if bound is None or any(not isinstance(bound.get(name), cst.Name) for name in function.trains):
+        return None
+    return [bound[name] for name in function.trains]
 
 
 def homes(plan: Plan) -> set[str]:

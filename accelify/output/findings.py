@@ -157,6 +157,9 @@ FINDINGS: dict[str, str] = {
     "does not follow, a value rebuilt batch after batch), over a loader only evaluations read: the loader is not "
     "prepared, and every process evaluates the whole set (metrics of the whole set, as in one process; N times "
     "the evaluation's work): converted, reported.",
+    "ACC147": "The optimizer trains an `nn.ModuleList` or `nn.ModuleDict` the script never calls (it calls the "
+    "modules in it): prepared, its DistributedDataParallel wrapper would never run and no gradient would be "
+    "averaged between the processes; file left unchanged.",
 }
 
 

@@ -4,6 +4,8 @@ shares a name is not), the qualified names accelify knows, string values and rea
 
 from __future__ import annotations
 
+import re
+
 from typing import Optional
 
 import libcst as cst
@@ -47,6 +49,10 @@ def name_attribute(node: cst.CSTNode) -> Optional[tuple[str, str]]:
 
 def has_qname(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozenset[str]) -> bool:
     return bool(qualified_names(visitor, node) & names)
+
+
+#: a name an optimizer class or factory has (``AdamW``, ``LARS``, ``get_optimizer``); core/precheck.py keeps a copy
+OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
 
 
 def subclasses_optimizer(visitor: cst.MetadataDependent, cls: cst.ClassDef) -> bool:
