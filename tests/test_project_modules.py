@@ -399,3 +399,23 @@ def test_an_optimizer_factory_handed_a_model_by_expression_is_not_followed(tmp_p
     (tmp_path / "train.py").write_text(text, encoding="utf-8")
     result = convert_source(text, str(tmp_path / "train.py"))
     assert not result.changed and [f.code for f in result.findings] == ["ACC125"]
+
+
+def test_a_function_a_package_takes_from_its_module_is_read_there(tmp_path) -> None:
+    """SimSiam: `from tools import AverageMeter, knn_monitor`, where `tools/__init__.py` takes them from its
+    modules. The kNN monitor, handed the model and two loaders, places batches itself and computes over the
+    whole memory bank: it was not read at all (a function the package only imports), so the loaders were
+    prepared and handed to it, each process's bank a shard beside the whole set's labels. Read where it is
+    defined, it is named (ACC135); it cannot join the script here, the import also naming a class of another
+    of the package's modules."""
+    project = Path(__file__).parent.parent / "fixtures" / "projects" / "package_reexport" / "before"
+    (tmp_path / "tools").mkdir()
+    for name in ("__init__.py", "knn_monitor.py", "meters.py"):
+        (tmp_path / "tools" / name).write_text((project / "tools" / name).read_text(), encoding="utf-8")
+    text = (project / "main.py").read_text().replace(
+        "from tools import knn_monitor\nfrom tools.meters import AverageMeter\n", "from tools import AverageMeter, knn_monitor\n")
+    (tmp_path / "main.py").write_text(text, encoding="utf-8")
+    result = convert_source(text, str(tmp_path / "main.py"))
+    assert not result.changed and not result.companions
+    [finding] = result.findings
+    assert finding.code == "ACC135" and "a function of `tools.knn_monitor` that runs `net(data.to(device))`" in finding.message

@@ -98,6 +98,7 @@ class Foreign:
         not the project's (or cannot be read) or defines no such function."""
         key = (dotted, level, name)
         if key not in self._functions:
+            self._functions[key] = None  # (re-exports that go round in a circle read nothing)
             self._functions[key] = self._read(dotted, level, name)
         return self._functions[key]
 
@@ -121,7 +122,8 @@ class Foreign:
         module, meta = parsed
         func = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
         if func is None:
-            return None
+            source = self._reexported(module, dotted, level, name)
+            return self.function(*source) if source is not None else None
         calls = findall(func.body, m.Call())
         nested = findall(func.body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal())
         culprit = next((call for call in calls if self._unsafe(meta, call)), None)
@@ -140,6 +142,31 @@ class Foreign:
             why = "does not return a DataLoader it builds on every return"
         return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why,
                                _console_only(module, meta, func), _optimizer_factory(meta, func), func)
+
+    def _reexported(self, module: cst.Module, dotted: str, level: int, name: str) -> Optional[tuple[str, str, int]]:
+        """``from .knn_monitor import knn_monitor`` in a package's ``__init__`` (SimSiam's ``tools``), or ``from
+        tools.knn import knn_monitor`` in a module: (the module that defines ``name``, its name there, its level)
+        when that module is the project's; None otherwise."""
+        file = getattr(self.sources, "module_file", lambda *_: None)(dotted, level)
+        package = dotted if file is not None and file.endswith("__init__.py") else dotted.rpartition(".")[0]
+        for statement in module.body:
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar):
+                    continue
+                alias = next((a for a in small.names if (code_of_name(a.asname.name) if a.asname else
+                                                         code_of_name(a.name)) == name), None)
+                if alias is None or small.module is None and not small.relative:
+                    continue
+                inner = code_of_name(small.module) if small.module is not None else ""
+                if small.relative:
+                    if len(small.relative) != 1 or not package:
+                        continue  # beyond the package
+                    target, target_level = ".".join(p for p in (package, inner) if p), level
+                else:
+                    target, target_level = inner, 0
+                if (target, target_level) != (dotted, level) and self.sources.module_source(target, target_level):
+                    return target, code_of_name(alias.name), target_level
+        return None
 
     def _unsafe(self, meta: _Metadata, call: cst.Call) -> bool:
         """Does the call place tensors, train, synchronise, download, or run code of the project that is not
@@ -257,6 +284,10 @@ def _builds_optimizer(meta: _Metadata, value: cst.BaseExpression) -> bool:
         return True
     first = value.args[0].value if value.args and value.args[0].keyword is None else None
     return first is not None and isinstance(first, cst.Call) and _builds_optimizer(meta, first)
+
+
+def code_of_name(node: cst.BaseExpression) -> str:
+    return cst.Module(body=[]).code_for_node(node)
 
 
 def _opens_for_writing(meta: _Metadata, call: cst.Call) -> bool:

@@ -184,6 +184,8 @@ def _used_elsewhere(unit: Unit) -> Optional[Finding]:
         if not companion.changed:
             continue
         users = sources.users_of(companion.dotted, companion.changed, exclude)
+        if companion.defined_in:  # `from tools import knn_monitor`: `from tools.knn_monitor import ...` uses it too
+            users += [u for u in sources.users_of(companion.defined_in, companion.changed, exclude) if u not in users]
         if users:
             names = ", ".join(f"`{n}`" for n in sorted(companion.changed))
             return Finding(

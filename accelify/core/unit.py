@@ -70,6 +70,7 @@ class Companion:
     unbound: set[str] = field(default_factory=set)  # names the module reads and binds nowhere
     line: int = 0  # the script's import of it
     changed: set[str] = field(default_factory=set)  # the definitions the conversion changed (after split)
+    defined_in: str = ""  # the package's module that defines what the script imports through the package
 
 
 @dataclass
@@ -218,7 +219,15 @@ def _trains_beside(source: str, sources: ProjectSources) -> bool:
             text = sources.module_source(dotted, level)
             if text is not None and any(mark in text for mark in _MARKS):
                 return True
+            # a package whose `__init__` takes names from its modules (`from .knn_monitor import knn_monitor`)
+            for inner in _RELATIVE_FROM.findall(text or ""):
+                found = sources.module_source(f"{dotted}.{inner}", level)
+                if found is not None and any(mark in found for mark in _MARKS):
+                    return True
     return False
+
+
+_RELATIVE_FROM = re.compile(r"^from[ \t]+\.(\w+)[ \t]+import\b", re.MULTILINE)
 
 
 def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) -> Optional[Unit]:
@@ -272,6 +281,9 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
         found = sources.module_file(statement.module, statement.level)
         if found is None:
             continue
+        dotted = statement.module
+        if found.endswith("__init__.py"):  # `from tools import knn_monitor`, defined in tools/knn_monitor.py
+            found, dotted = _through_package(found, statement, sources) or (found, dotted)
         text = _read(found)
         if text is None or not any(mark in text for mark in _MARKS):
             continue
@@ -300,6 +312,7 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
             return None
         masked_statements.append(statement)
         companion.dotted, companion.line = statement.module, statement.lineno
+        companion.defined_in = dotted if dotted != statement.module else ""
         companions.append(companion)
     if not companions or any(tag.rstrip("-") in c.text or word in c.text for c in companions):
         return None
@@ -621,6 +634,30 @@ def _absolute(statement: ast.ImportFrom, package: str) -> Optional[str]:
         return None
     names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in statement.names)
     return f"from {module} import {names}"
+
+
+def _through_package(init: str, statement: ast.ImportFrom, sources: ProjectSources) -> Optional[tuple[str, str]]:
+    """(the file, the module) of the one submodule a package's ``__init__`` takes every name of ``statement``
+    from, under the same name (``from .knn_monitor import knn_monitor``); None otherwise."""
+    text = _read(init)
+    try:
+        tree = ast.parse(text) if text is not None else None
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    if tree is None:
+        return None
+    origin: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                if alias.asname in (None, alias.name):
+                    origin[alias.name] = node.module
+    modules = {origin.get(alias.name) for alias in statement.names}
+    if len(modules) != 1 or None in modules:
+        return None
+    dotted = f"{statement.module}.{modules.pop()}"
+    found = sources.module_file(dotted, statement.level)
+    return (found, dotted) if found is not None else None
 
 
 def _top_definitions(tree: ast.Module) -> dict[str, ast.stmt]:
