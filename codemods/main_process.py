@@ -22,6 +22,10 @@ _PRINT = frozenset({"builtins.print", "print"})
 _WRITES = {"sys.stdout.write": None, "sys.stderr.write": "sys.stderr"}
 
 
+#: library functions that print unless told not to, by ``verbose=``: thop's FLOPs counter
+_VERBOSE_LIBRARIES = frozenset({"thop.profile", "thop.profile.profile"})
+
+
 def _calls_by_name(node: cst.CSTNode) -> list[cst.Call]:
     """The calls of a plain name in ``node``, not inside the functions and classes it defines."""
     return [n for n in descendants(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
@@ -35,7 +39,9 @@ class MainProcessOutput(AccelifyCodemod):
     would be drawn N times.  Only calls that run after the Accelerator exists are
     rewritten: a ``print`` before it, in the function that creates it, stays.  A
     ``sys.stdout.write(text)`` statement (a progress line rewritten in place) is a
-    ``print`` with no end of its own: ``accelerator.print(text, end="")``.
+    ``print`` with no end of its own: ``accelerator.print(text, end="")``. thop's
+    ``profile(model, inputs=...)`` (a FLOPs count, common in research code) prints a
+    line per layer type it registers: it gets ``verbose=accelerator.is_main_process``.
 
     Before::
 
@@ -70,7 +76,7 @@ class MainProcessOutput(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "print(" in code or "tqdm" in code or "trange" in code or ".write(" in code
+        return "print(" in code or "tqdm" in code or "trange" in code or ".write(" in code or "thop" in code
 
     def visit_Module(self, node: cst.Module) -> None:
         # Statements of the setup block that run before the Accelerator is created.
@@ -206,6 +212,19 @@ class MainProcessOutput(AccelifyCodemod):
                 made = [*made[:-1], made[-1].with_changes(comma=text.comma)]
             return updated_node.with_changes(func=accelerator_attr(accelerator, "print"), args=[
                 text.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *made])
+        if names & _VERBOSE_LIBRARIES and not any(
+                a.keyword is not None and a.keyword.value in ("verbose", "report_missing") for a in original_node.args):
+            # thop's `profile(model, inputs=...)` prints a line per layer type it registers: on every process
+            accelerator = self._reachable(original_node)
+            if accelerator is None or under_main_process_check(self, original_node):
+                return updated_node
+            self.change(original_node, "`profile` prints its registrations on the main process only")
+            verbose = cst.Arg(keyword=cst.Name("verbose"), value=accelerator_attr(accelerator, "is_main_process"),
+                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            args = list(updated_node.args)
+            if args and args[-1].comma != cst.MaybeSentinel.DEFAULT:
+                return updated_node.with_changes(args=[*args, verbose.with_changes(comma=args[-1].comma)])
+            return updated_node.with_changes(args=[*args, verbose])
         if any(n.startswith("tqdm.") and n.rsplit(".", 1)[-1] in ("tqdm", "trange") for n in names):
             if any(a.keyword is not None and a.keyword.value == "disable" for a in original_node.args):
                 return updated_node

@@ -172,3 +172,21 @@ def test_tqdm_write_prints_once():
     assert_stable(out)
     kept = source.replace('tqdm.write("Loss: " + str(loss.item()))', 'tqdm.write("Loss", nolock=True)')
     assert 'tqdm.write("Loss", nolock=True)' in convert(kept).output  # (no such argument of print)
+
+
+def test_thop_profile_prints_on_the_main_process_only():
+    """SimCLR (leftthomas): `flops, params = profile(model, inputs=(torch.randn(1, 3, 32, 32).cuda(),))` prints a
+    line per layer type it registers, on every process (the side-effect check saw them twice); thop's own
+    `verbose=` keeps them to the main process. A call that says `verbose=` (or `report_missing=`) is kept."""
+    for spelling, call in (("from thop import profile\n", "profile"), ("import thop\n", "thop.profile")):
+        source = KWS.replace("import argparse\n", f"import argparse\n\n{spelling}").replace(
+            "    optimizer.step()\n", f"    optimizer.step()\n    flops, params = {call}(model, inputs=(data,))\n")
+        out = convert(source).output
+        assert f"    flops, params = {call}(model, inputs=(data,), verbose=accelerator.is_main_process)\n" in out, out
+        assert_stable(out)
+        kept = source.replace("inputs=(data,))", "inputs=(data,), verbose=False)")
+        assert f"{call}(model, inputs=(data,), verbose=False)" in convert(kept).output
+    # a function of the script's own named `profile` is not thop's
+    own = KWS.replace("import argparse\n", "import argparse\n\n\ndef profile(m, inputs):\n    return 0, 0\n").replace(
+        "    optimizer.step()\n", "    optimizer.step()\n    flops, params = profile(model, inputs=(data,))\n")
+    assert "verbose=" not in convert(own).output

@@ -279,6 +279,8 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
     # model on `accelerator.device`; anything else bound again, or training after it, would
     # run on unprepared objects.
     after = bound_again(block.body[index:], set(names), facts.trainers)
+    if not _loaders_kept_in_training(facts, plan, block.body[index:], after):
+        return False
     rebound = [n for n in names if any(binds(stmt, {n}) for stmt in after)]
     if not rebound:
         return True
@@ -300,6 +302,35 @@ def _prepare_point_ok(facts: Facts, plan: Plan) -> bool:
         )
         return False
     plan.rebound_models = rebound
+    return True
+
+
+def _loaders_kept_in_training(facts: Facts, plan: Plan, region: Sequence[cst.BaseStatement],
+                              after: list[cst.BaseStatement]) -> bool:
+    """False (ACC123) when the statement that trains (the one ``bound_again`` leaves out: ``model = train(model)``
+    hands the model back) binds a prepared DataLoader again inside it (StyleGAN's ``loader = sample_data(dataset,
+    batch_size, resolution)`` at each new resolution, in the loop that trains): the new loader never goes through
+    ``prepare``, and from there every process would train on all of its data."""
+    kept = {id(s) for s in after}
+    for stmt in region:
+        if id(stmt) in kept or isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for name in plan.dataloaders:
+            again = next((a for a in findall(stmt, m.Assign()) if binds(cst.SimpleStatementLine([a]), {name})
+                          and facts.assign_key.get(id(a)) == plan.setup  # type: ignore[arg-type]
+                          and code_of(peel_iterable(facts, a.value)) != name), None)  # not `loader = tqdm(loader)`
+            if again is None:
+                continue
+            value = again.value  # type: ignore[attr-defined]
+            made = f"{code_of(value.func)}(...)" if isinstance(value, cst.Call) else code_of(value)
+            facts.finding(
+                plan, again, "ACC123",
+                f"`{name}` is bound again to `{made}` in the loop that trains: that loader never goes through "
+                "`prepare`, so from there every process would train on all of its data. File not converted.",
+                f"prepare the new loader where it is made (`{name} = {plan.accelerator}.prepare({made})`), or build "
+                "one loader before training.",
+            )
+            return False
     return True
 
 
