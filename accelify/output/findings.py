@@ -75,7 +75,9 @@ FINDINGS: dict[str, str] = {
     "twice, by a call other than `iter` or a generator of the file; no seed): every process would train on all of "
     "it; file left unchanged. A helper of the file that builds and returns the loaders (`train, test = get_loaders()`) is fine: "
     "they are prepared where it is called. Also a function handed the prepared DataLoader that binds that parameter "
-    "to a new loader (`loader = sample_data(dataset, resolution)`), and a function handed a prepared DataLoader at "
+    "to a new loader (`loader = sample_data(dataset, resolution)`), a prepared DataLoader bound to a new loader "
+    "inside the loop that trains (StyleGAN's new loader at each resolution), and a function handed a prepared "
+    "DataLoader at "
     "one call and an unprepared one at another.",
     "ACC124": "The training data is no DataLoader (hand-sliced tensors, `get_batch()`): converted, but not "
     "sharded, every process trains on all of it; reported (with a converted file only).",
