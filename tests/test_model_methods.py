@@ -4,6 +4,7 @@ it (`"cpu"`, then `"cuda"` / `"mps"` when available), a model bound in an `if`/`
 
 from __future__ import annotations
 
+from accelify.core.pipeline import convert_source
 from conftest import convert
 
 MODEL = '''import torch
@@ -167,3 +168,17 @@ def test_an_optimizer_from_the_unwrapped_alias_of_the_model_trains_the_model():
     out = convert(source).output
     assert "accelerator.prepare(" in out and "raw_model, optimizer" not in out
     assert ", model, optimizer" in out or "model, optimizer," in out
+
+
+def test_the_model_unwrapped_by_the_accelerator_is_the_model():
+    """build-nanoGPT converted: `raw_model = accelerator.unwrap_model(model)` before `prepare`, then
+    `raw_model.configure_optimizers(...)`: converted again, that was an optimizer built in a method of another
+    scope (ACC107), the converted script refused with a false reason."""
+    body = "".join("    " + line if line.strip() else line for line in TRAIN.replace(
+        "optimizer = model.configure_optimizers(1e-3, device_type)",
+        "raw_model = accelerator.unwrap_model(model)\noptimizer = raw_model.configure_optimizers(1e-3, device_type)",
+    ).splitlines(keepends=True) if not line.startswith(("import", "from")))
+    source = ("from accelerate import Accelerator\n" + MODEL + "\n\ndef main():\n    accelerator = Accelerator()\n"
+              + body)
+    result = convert_source(source, "train.py")
+    assert "ACC107" not in {f.code for f in result.findings}, result.findings

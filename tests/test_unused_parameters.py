@@ -49,3 +49,50 @@ def test_a_forward_that_detaches_a_computed_value_needs_find_unused_parameters()
         "        with torch.no_grad():\n            features = self.backbone(x)\n",
         "        features = self.backbone(x) * self.head.weight.data.norm()\n")
     assert "DistributedDataParallelKwargs" not in convert(reads_weights)
+
+
+
+STEM = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+{forward}
+
+model = Net().cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+for (x,) in loader:
+    loss = model(x.cuda())[0].sum()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_detached_copy_of_a_value_also_used_whole_needs_nothing():
+    """SimSiam's `return p1, p2, z1.detach(), z2.detach()` beside `p1 = self.predictor(z1)`: the encoder still
+    gets its gradient through `p1` (the original runs under DDP without find_unused_parameters)."""
+    out = convert(STEM.format(forward="        z = self.backbone(x)\n        p = self.head(z)\n"
+                                      "        return p, z.detach()\n"))
+    assert HANDLER not in out
+
+
+def test_a_value_replaced_by_its_detached_copy_still_needs_find_unused_parameters():
+    out = convert(STEM.format(forward="        x = self.backbone(x)\n        x = x.detach()\n"
+                                      "        return self.head(x), x\n"))
+    assert HANDLER in out
+
+
+def test_data_read_in_a_test_cuts_nothing():
+    """DCGAN (WGAN's models): `if isinstance(input.data, torch.cuda.FloatTensor) and self.ngpu > 1:` only tests."""
+    out = convert(STEM.format(forward="        if isinstance(x.data, torch.cuda.FloatTensor):\n"
+                                      "            x = x * 1\n        return self.head(self.backbone(x)), x\n"))
+    assert HANDLER not in out

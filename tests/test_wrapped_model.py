@@ -180,3 +180,48 @@ if __name__ == "__main__":
     assert "def validate(accelerator, model, data):" in result.output
     assert "return accelerator.unwrap_model(model).encode(data).sum().item()" in result.output
     assert "validate(accelerator, model, torch.randn(3, 4).to(accelerator.device))" in result.output
+
+
+PARAM_GROUPS_OF_THE_WRAPPER = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Siam(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.predictor = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.predictor(self.encoder(x))
+
+
+model = Siam().cuda()
+model = nn.DataParallel(model)
+optim_params = [{'params': model.module.encoder.parameters(), 'fix_lr': False},
+                {'params': model.module.predictor.parameters(), 'fix_lr': True}]
+optimizer = torch.optim.SGD(optim_params, 0.1)
+loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+for (x,) in loader:
+    loss = model(x.cuda()).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+print(model.module.encoder.weight.sum())
+"""
+
+
+def test_parameter_groups_of_the_unwrapped_model_are_the_models_when_converted_again() -> None:
+    """SimSiam's parameter groups `model.module.encoder.parameters()`, read after the wrapper (which the conversion
+    removes) and before `prepare`, become `accelerator.unwrap_model(model).encoder.parameters()` (the model
+    itself there). Converted again, that optimizer was taken for one training a model of another scope (ACC107):
+    the converted script was refused with a false reason."""
+    out = convert(PARAM_GROUPS_OF_THE_WRAPPER).output
+    assert "optim_params = [{'params': accelerator.unwrap_model(model).encoder.parameters(), 'fix_lr': False},\n" in out
+    assert "print(accelerator.unwrap_model(model).encoder.weight.sum())" in out
+    assert_stable(out)
+    from accelify.core.pipeline import convert_source
+
+    assert convert_source(out, "again.py").findings == []

@@ -102,6 +102,20 @@ class Foreign:
             self._functions[key] = self._read(dotted, level, name)
         return self._functions[key]
 
+    def class_def(self, dotted: str, name: str, level: int = 0, seen: frozenset = frozenset()
+                  ) -> Optional[tuple[cst.ClassDef, cst.Module, "_Metadata"]]:
+        """The module-level class ``name`` of the project's module ``dotted`` (looked up through a package's
+        ``__init__`` that imports it from one of its modules), with its module and that module's metadata."""
+        parsed = self._module(dotted, level)
+        if parsed is None or (dotted, level, name) in seen:
+            return None
+        module, meta = parsed
+        cls = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
+        if cls is not None:
+            return cls, module, meta
+        source = self._reexported(module, dotted, level, name)
+        return self.class_def(*source, seen=seen | {(dotted, level, name)}) if source is not None else None
+
     def _module(self, dotted: str, level: int) -> Optional[tuple[cst.Module, _Metadata]]:
         if (dotted, level) not in self._modules:
             text = self.sources.module_source(dotted, level)
@@ -320,17 +334,29 @@ def called_function(visitor, module: cst.Module, foreign: Optional[Foreign],
     ``from utils import *`` whose module defines it; None otherwise (a package's, this file's)."""
     if foreign is None:
         return None
+    return _imported(visitor, module, func, lambda dotted, name, level: foreign.function(dotted, name, level))
+
+
+def called_class(visitor, module: cst.Module, foreign: Optional[Foreign],
+                 func: cst.BaseExpression) -> Optional[tuple[cst.ClassDef, cst.Module, _Metadata]]:
+    """The project class a call's ``func`` names (``from models import Net`` then ``Net(...)``), found as
+    :func:`called_function` finds a function; None otherwise."""
+    if foreign is None:
+        return None
+    return _imported(visitor, module, func, lambda dotted, name, level: foreign.class_def(dotted, name, level))
+
+
+def _imported(visitor, module: cst.Module, func: cst.BaseExpression, read):
     names = {q.name for q in visitor.get_metadata(QualifiedNameProvider, func, set())
              if q.source is QualifiedNameSource.IMPORT}
     if len(names) == 1:
         full, level = split_relative(names.pop())
         dotted, _, attr = full.rpartition(".")
-        return foreign.function(dotted, attr, level) if dotted else None
+        return read(dotted, attr, level) if dotted else None
     if names or not isinstance(func, cst.Name):
         return None
     scope = visitor.get_metadata(ScopeProvider, func, None)
     if scope is None or list(scope[func.value]):
         return None  # a name of this file
-    found = [f for dotted, level in star_import_modules(module)
-             if (f := foreign.function(dotted, func.value, level)) is not None]
+    found = [f for dotted, level in star_import_modules(module) if (f := read(dotted, func.value, level)) is not None]
     return found[0] if len(found) == 1 else None

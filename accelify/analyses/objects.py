@@ -27,7 +27,7 @@ from accelify.queries.blocks import bound_on_all_paths, under
 from accelify.queries.loops import built_loader
 from accelify.queries.names import (DATALOADERS, OPTIMIZER_NAME, code_of, has_qname, qualified_names, root_name,
                                    subclasses_optimizer)
-from accelify.queries.refs import MODULE, Ref, key_at, ref_of
+from accelify.queries.refs import ACCELERATOR_SPELLINGS, MODULE, Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -106,9 +106,14 @@ def _unwrapped_alias(facts: Facts, receiver: cst.BaseExpression) -> cst.BaseExpr
     ``prepare`` is the model); ``receiver`` for anything else."""
     ref = ref_of(facts, receiver)
     assigns = facts.assigns.get(ref, []) if ref is not None else []
-    if len(assigns) != 1 or not isinstance(assigns[0].value, cst.IfExp):
+    if len(assigns) != 1:
         return receiver
     value = assigns[0].value
+    if isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(attr=m.Name("unwrap_model"))) and len(
+            value.args) == 1 and code_of(value.func.value) in ACCELERATOR_SPELLINGS:  # type: ignore[attr-defined]
+        return value.args[0].value  # `raw_model = accelerator.unwrap_model(model)`, converted build-nanoGPT
+    if not isinstance(value, cst.IfExp):
+        return receiver
     if m.matches(value, m.IfExp(body=m.Attribute(value=m.Name(), attr=m.Name("module")), orelse=m.Name())) and (
         value.body.value.value == value.orelse.value  # type: ignore[attr-defined]
     ):
@@ -385,8 +390,13 @@ def _unbound(facts: Facts, expr: cst.BaseExpression) -> bool:
 
 
 def _model_ref(facts: Facts, expr: cst.BaseExpression) -> Optional[Ref]:
-    """The model an optimizer trains: ``model`` for ``model.fc.parameters()`` too."""
+    """The model an optimizer trains: ``model`` for ``model.fc.parameters()`` too, and for
+    ``accelerator.unwrap_model(model).encoder.parameters()`` (a converted SimSiam's parameter groups, converted
+    again: the model itself before ``prepare``)."""
     while True:
+        if isinstance(expr, cst.Call) and m.matches(expr.func, m.Attribute(attr=m.Name("unwrap_model"))) and len(
+                expr.args) == 1 and code_of(expr.func.value) in ACCELERATOR_SPELLINGS:  # type: ignore[attr-defined]
+            expr = expr.args[0].value
         ref = ref_of(facts, expr)
         if ref is not None or not isinstance(expr, cst.Attribute):
             return ref

@@ -8,7 +8,9 @@ trains fine in one process. Prepared on N processes it is wrapped in
 second step fails with "Expected to have finished reduction in the prior iteration". The
 Accelerator is then created with ``DistributedDataParallelKwargs(find_unused_parameters=True)``
 (slower, never wrong); a submodule whose parameters the file freezes (``requires_grad = False``,
-``requires_grad_(False)``) is not one of these.
+``requires_grad_(False)``) is not one of these. A model class of the project's other modules (``from
+models import Captioner``, ``models.Captioner(...)``) is read where it is defined (accelify.analyses.foreign),
+with what that module freezes.
 
 Input: the facts (the module, its classes), the prepared models (``plan.models``). Output:
 ``plan.ddp_kwargs`` and ``plan.unused_parameters`` (the classes, for the change message).
@@ -22,7 +24,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelify.analyses.facts import Facts
-from accelify.queries.names import has_qname
+from accelify.analyses.foreign import called_class
+from accelify.queries.names import code_of, has_qname
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -39,25 +42,37 @@ def decide(facts: Facts, plan: Plan) -> None:
     for assign in findall(facts.module, m.Assign(value=m.Call())):
         names = {t.target.value for t in assign.targets if isinstance(t.target, cst.Name)}  # type: ignore[attr-defined]
         value = assign.value  # type: ignore[attr-defined]
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(
+                value.func.value, cst.Call):
             value = value.func.value  # Encoder().to(device)
-        if names & set(plan.models) and m.matches(value, m.Call(func=m.Name())):
-            built.add(value.func.value)  # type: ignore[attr-defined]
+        if names & set(plan.models) and m.matches(value, m.Call(func=m.Name()) | m.Call(func=m.Attribute())):
+            built.add(value)  # type: ignore[arg-type]
     frozen = _frozen_attributes(facts.module)
-    for name in sorted(built & set(classes)):
-        if _runs_without_grad(facts, classes[name], frozen):
-            plan.unused_parameters.append(name)
+    for call in sorted(built, key=lambda c: code_of(c.func)):  # type: ignore[attr-defined]
+        name = code_of(call.func)  # type: ignore[attr-defined]
+        if name in classes:
+            if _runs_without_grad(facts, classes[name], frozen) and name not in plan.unused_parameters:
+                plan.unused_parameters.append(name)
+            continue
+        # a model class of the project's other modules (`from models import Captioner`): read there
+        found = called_class(facts, facts.module, facts.foreign, call.func)  # type: ignore[attr-defined]
+        if found is not None and name not in plan.unused_parameters:
+            cls, module, meta = found
+            if _runs_without_grad(meta, cls, _frozen_attributes(module)):
+                plan.unused_parameters.append(name)
     if plan.unused_parameters and FIND_UNUSED not in plan.ddp_kwargs:
         plan.ddp_kwargs.append(FIND_UNUSED)
 
 
-def _runs_without_grad(facts: Facts, cls: cst.ClassDef, frozen: set[str]) -> bool:
+def _runs_without_grad(facts: cst.MetadataDependent, cls: cst.ClassDef, frozen: set[str]) -> bool:
     """``forward`` calls ``self.<part>(...)`` inside ``with torch.no_grad():`` for a part not frozen, or
     cuts a result off the graph (``.detach()``, ``.data``: L1aoXingyu's sequence tagger feeds
     ``self.char_lstm(...).cpu().data`` on, so the character LSTM never gets a gradient)."""
     for function in findall(cls, m.FunctionDef(name=m.Name("forward"))):
         cut = findall(function, m.Call(func=m.Attribute(attr=m.Name("detach"))) | m.Attribute(attr=m.Name("data")))
-        if any(not _attribute_of_self(node) for node in cut):
+        tested = {id(n) for test in _tests(function) for n in findall(test, m.Attribute())}
+        if any(not _attribute_of_self(node) and id(node) not in tested and not _also_kept(function, node)
+               for node in cut):
             return True  # `self.head.weight.data` reads a parameter; anything else cuts a computed value
         for block in findall(function, m.With()):
             if not any(isinstance(i.item, cst.Call) and has_qname(facts, i.item.func, _NO_GRAD)
@@ -67,6 +82,30 @@ def _runs_without_grad(facts: Facts, cls: cst.ClassDef, frozen: set[str]) -> boo
                 if call.func.attr.value not in frozen:  # type: ignore[attr-defined]
                     return True
     return False
+
+
+def _tests(function: cst.FunctionDef) -> list[cst.CSTNode]:
+    """What ``function`` only tests (DCGAN's ``if isinstance(input.data, torch.cuda.FloatTensor) and ...``): the
+    conditions of its ``if``/``while`` statements and the calls of ``isinstance``."""
+    found: list[cst.CSTNode] = [s.test for s in findall(function, m.If() | m.While())]  # type: ignore[attr-defined]
+    return found + findall(function, m.Call(func=m.Name("isinstance")))
+
+
+def _also_kept(function: cst.FunctionDef, node: cst.CSTNode) -> bool:
+    """``z.detach()`` of a name the function also reads whole (SimSiam's ``p1 = self.predictor(z1)`` beside ``return
+    p1, p2, z1.detach(), z2.detach()``): what computed it still gets a gradient through the other read."""
+    target = node.func.value if isinstance(node, cst.Call) else node.value  # type: ignore[attr-defined]
+    if not isinstance(target, cst.Name):
+        return False
+    cuts = {id(c.func.value if isinstance(c, cst.Call) else c.value)  # type: ignore[attr-defined]
+            for c in findall(function, m.Call(func=m.Attribute(attr=m.Name("detach"))) | m.Attribute(attr=m.Name("data")))}
+    bindings = [n for t in findall(function, m.AssignTarget() | m.Param() | m.AugAssign() | m.AnnAssign()
+                                   | m.For() | m.WithItem() | m.NamedExpr())
+                for n in findall(getattr(t, "target", None) or getattr(t, "name", None) or t, m.Name(target.value))]
+    if len(bindings) != 1:
+        return False  # `x = x.detach()`: the name holds the cut value from there on
+    targets = {id(n) for n in bindings}
+    return any(id(n) not in cuts and id(n) not in targets for n in findall(function.body, m.Name(target.value)))
 
 
 def _frozen_attributes(module: cst.Module) -> set[str]:
