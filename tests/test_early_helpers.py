@@ -91,7 +91,7 @@ def test_a_model_run_before_prepare_keeps_its_placement() -> None:
     )
     out = pipeline.convert_source(source, "train.py").output
     assert "model = torch.nn.Linear(4, 2).to(accelerator.device)" in out
-    assert "profile(model, inputs=(torch.randn(1, 4).to(accelerator.device),))" in out
+    assert "profile(model, inputs=(torch.randn(1, 4).to(accelerator.device),), verbose=accelerator.is_main_process)" in out
     assert "x, y = x.cuda()" not in out
     printed = pipeline.convert_source(source.replace("flops = profile(model, inputs=(torch.randn(1, 4).cuda(),))",
                                                      "print(model)"), "train.py").output

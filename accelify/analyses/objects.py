@@ -28,6 +28,7 @@ from accelify.queries.loops import built_loader
 from accelify.queries.names import (DATALOADERS, OPTIMIZER_NAME, code_of, has_qname, qualified_names, root_name,
                                    subclasses_optimizer)
 from accelify.queries.refs import ACCELERATOR_SPELLINGS, MODULE, Ref, key_at, ref_of
+from accelify.queries.training import UNWRAP_MODEL
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -109,9 +110,8 @@ def _unwrapped_alias(facts: Facts, receiver: cst.BaseExpression) -> cst.BaseExpr
     if len(assigns) != 1:
         return receiver
     value = assigns[0].value
-    if isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(attr=m.Name("unwrap_model"))) and len(
-            value.args) == 1 and code_of(value.func.value) in ACCELERATOR_SPELLINGS:  # type: ignore[attr-defined]
-        return value.args[0].value  # `raw_model = accelerator.unwrap_model(model)`, converted build-nanoGPT
+    if _unwrapped_by_the_accelerator(value):
+        return value.args[0].value  # type: ignore[attr-defined]  # `raw_model = accelerator.unwrap_model(model)`
     if not isinstance(value, cst.IfExp):
         return receiver
     if m.matches(value, m.IfExp(body=m.Attribute(value=m.Name(), attr=m.Name("module")), orelse=m.Name())) and (
@@ -119,6 +119,11 @@ def _unwrapped_alias(facts: Facts, receiver: cst.BaseExpression) -> cst.BaseExpr
     ):
         return value.orelse
     return receiver
+
+
+def _unwrapped_by_the_accelerator(expr: cst.BaseExpression) -> bool:
+    """``accelerator.unwrap_model(model)`` (``self.accelerator``): the model itself, for what it trains."""
+    return m.matches(expr, UNWRAP_MODEL) and code_of(expr.func.value) in ACCELERATOR_SPELLINGS  # type: ignore[attr-defined]
 
 
 def _returns_only(func: cst.FunctionDef, name: str) -> bool:
@@ -394,9 +399,8 @@ def _model_ref(facts: Facts, expr: cst.BaseExpression) -> Optional[Ref]:
     ``accelerator.unwrap_model(model).encoder.parameters()`` (a converted SimSiam's parameter groups, converted
     again: the model itself before ``prepare``)."""
     while True:
-        if isinstance(expr, cst.Call) and m.matches(expr.func, m.Attribute(attr=m.Name("unwrap_model"))) and len(
-                expr.args) == 1 and code_of(expr.func.value) in ACCELERATOR_SPELLINGS:  # type: ignore[attr-defined]
-            expr = expr.args[0].value
+        if _unwrapped_by_the_accelerator(expr):
+            expr = expr.args[0].value  # type: ignore[attr-defined]
         ref = ref_of(facts, expr)
         if ref is not None or not isinstance(expr, cst.Attribute):
             return ref
