@@ -219,12 +219,7 @@ class MainProcessOutput(AccelifyCodemod):
             if accelerator is None or under_main_process_check(self, original_node):
                 return updated_node
             self.change(original_node, "`profile` prints its registrations on the main process only")
-            verbose = cst.Arg(keyword=cst.Name("verbose"), value=accelerator_attr(accelerator, "is_main_process"),
-                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-            args = list(updated_node.args)
-            if args and args[-1].comma != cst.MaybeSentinel.DEFAULT:
-                return updated_node.with_changes(args=[*args, verbose.with_changes(comma=args[-1].comma)])
-            return updated_node.with_changes(args=[*args, verbose])
+            return _with_keyword(updated_node, "verbose", accelerator_attr(accelerator, "is_main_process"))
         if any(n.startswith("tqdm.") and n.rsplit(".", 1)[-1] in ("tqdm", "trange") for n in names):
             if any(a.keyword is not None and a.keyword.value == "disable" for a in original_node.args):
                 return updated_node
@@ -232,15 +227,7 @@ class MainProcessOutput(AccelifyCodemod):
             if accelerator is None:
                 return updated_node
             self.change(original_node, "progress bar drawn on the local main process only")
-            disable = cst.Arg(
-                keyword=cst.Name("disable"),
-                value=cst.parse_expression(f"not {accelerator}.is_local_main_process"),
-                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-            )
-            args = list(updated_node.args)
-            if args and args[-1].comma != cst.MaybeSentinel.DEFAULT:  # a trailing comma: keep the style
-                return updated_node.with_changes(args=[*args, disable.with_changes(comma=args[-1].comma)])
-            return updated_node.with_changes(args=[*args, disable])
+            return _with_keyword(updated_node, "disable", cst.parse_expression(f"not {accelerator}.is_local_main_process"))
         return updated_node
 
 
@@ -258,6 +245,16 @@ class MainProcessOutput(AccelifyCodemod):
             k for kind in ("model", "loader") for k, _ in self.plan.flow[kind]}
         return (len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star
                 and isinstance(self.get_metadata(ParentNodeProvider, call, None), cst.Expr) and key in training)
+
+
+def _with_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with ``keyword=value`` as its last argument (after a trailing comma it ends with one too)."""
+    added = cst.Arg(keyword=cst.Name(keyword), value=value,
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+    args = list(call.args)
+    if args and args[-1].comma != cst.MaybeSentinel.DEFAULT:  # a trailing comma: keep the style
+        return call.with_changes(args=[*args, added.with_changes(comma=args[-1].comma)])
+    return call.with_changes(args=[*args, added])
 
 
 def _names_in(made: cst.CSTNode, before: cst.CSTNode) -> list[cst.Name]:

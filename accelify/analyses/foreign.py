@@ -40,8 +40,8 @@ import libcst.matchers as m
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from accelify.queries.names import (OPTIMIZER_NAME, WRITERS, qualified_names, split_relative, star_import_modules,
-                                   string_value)
+from accelify.queries.names import (OPTIMIZER_NAME, WRITERS, code_of, qualified_names, split_relative,
+                                   star_import_modules, string_value)
 from accelify.queries.loops import built_loader
 from accelify.queries.walk import findall
 
@@ -61,6 +61,8 @@ _FETCHES_ATTRS = frozenset({"download", "extractall", "extract"})
 
 class Sources(Protocol):
     def module_source(self, dotted: str, level: int = 0) -> Optional[str]: ...
+
+    def module_file(self, dotted: str, level: int = 0) -> Optional[str]: ...
 
 
 @dataclass(frozen=True)
@@ -161,17 +163,17 @@ class Foreign:
         """``from .knn_monitor import knn_monitor`` in a package's ``__init__`` (SimSiam's ``tools``), or ``from
         tools.knn import knn_monitor`` in a module: (the module that defines ``name``, its name there, its level)
         when that module is the project's; None otherwise."""
-        file = getattr(self.sources, "module_file", lambda *_: None)(dotted, level)
+        file = self.sources.module_file(dotted, level)
         package = dotted if file is not None and file.endswith("__init__.py") else dotted.rpartition(".")[0]
         for statement in module.body:
             for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
                 if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar):
                     continue
-                alias = next((a for a in small.names if (code_of_name(a.asname.name) if a.asname else
-                                                         code_of_name(a.name)) == name), None)
+                alias = next((a for a in small.names if (code_of(a.asname.name) if a.asname else
+                                                         code_of(a.name)) == name), None)
                 if alias is None or small.module is None and not small.relative:
                     continue
-                inner = code_of_name(small.module) if small.module is not None else ""
+                inner = code_of(small.module) if small.module is not None else ""
                 if small.relative:
                     if len(small.relative) != 1 or not package:
                         continue  # beyond the package
@@ -179,7 +181,7 @@ class Foreign:
                 else:
                     target, target_level = inner, 0
                 if (target, target_level) != (dotted, level) and self.sources.module_source(target, target_level):
-                    return target, code_of_name(alias.name), target_level
+                    return target, code_of(alias.name), target_level
         return None
 
     def _unsafe(self, meta: _Metadata, call: cst.Call) -> bool:
@@ -298,10 +300,6 @@ def _builds_optimizer(meta: _Metadata, value: cst.BaseExpression) -> bool:
         return True
     first = value.args[0].value if value.args and value.args[0].keyword is None else None
     return first is not None and isinstance(first, cst.Call) and _builds_optimizer(meta, first)
-
-
-def code_of_name(node: cst.BaseExpression) -> str:
-    return cst.Module(body=[]).code_for_node(node)
 
 
 def _opens_for_writing(meta: _Metadata, call: cst.Call) -> bool:

@@ -18,10 +18,10 @@ import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
 from accelify.analyses.facts import Facts
+from accelify.analyses.foreign import ForeignFunction, called_function
 from accelify.analyses.helpers import why_no_accelerator
 from accelify.analyses.ranks import under_main_process_check
 from accelify.queries.blocks import enclosing_function
-from accelify.analyses.foreign import ForeignFunction, called_function
 from accelify.queries.names import OPTIMIZER_NAME, code_of, qualified_names, root_name, star_imports
 from accelify.queries.refs import ACCELERATOR_SPELLINGS, key_at, scope_key
 from accelify.queries.walk import findall

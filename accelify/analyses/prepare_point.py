@@ -315,8 +315,9 @@ def _loaders_kept_in_training(facts: Facts, plan: Plan, region: Sequence[cst.Bas
     for stmt in region:
         if id(stmt) in kept or isinstance(stmt, cst.SimpleStatementLine):
             continue
+        assigns = findall(stmt, m.Assign())
         for name in plan.dataloaders:
-            again = next((a for a in findall(stmt, m.Assign()) if binds(cst.SimpleStatementLine([a]), {name})
+            again = next((a for a in assigns if binds(cst.SimpleStatementLine([a]), {name})
                           and facts.assign_key.get(id(a)) == plan.setup  # type: ignore[arg-type]
                           and code_of(peel_iterable(facts, a.value)) != name), None)  # not `loader = tqdm(loader)`
             if again is None:

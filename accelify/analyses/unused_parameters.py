@@ -71,7 +71,8 @@ def _runs_without_grad(facts: cst.MetadataDependent, cls: cst.ClassDef, frozen: 
     for function in findall(cls, m.FunctionDef(name=m.Name("forward"))):
         cut = findall(function, m.Call(func=m.Attribute(attr=m.Name("detach"))) | m.Attribute(attr=m.Name("data")))
         tested = {id(n) for test in _tests(function) for n in findall(test, m.Attribute())}
-        if any(not _attribute_of_self(node) and id(node) not in tested and not _also_kept(function, node)
+        cut_values = {id(_cut_value(c)) for c in cut}
+        if any(not _attribute_of_self(node) and id(node) not in tested and not _also_kept(function, node, cut_values)
                for node in cut):
             return True  # `self.head.weight.data` reads a parameter; anything else cuts a computed value
         for block in findall(function, m.With()):
@@ -91,14 +92,18 @@ def _tests(function: cst.FunctionDef) -> list[cst.CSTNode]:
     return found + findall(function, m.Call(func=m.Name("isinstance")))
 
 
-def _also_kept(function: cst.FunctionDef, node: cst.CSTNode) -> bool:
+def _cut_value(node: cst.CSTNode) -> cst.BaseExpression:
+    """``z`` of ``z.detach()`` and of ``z.data``."""
+    return node.func.value if isinstance(node, cst.Call) else node.value  # type: ignore[attr-defined]
+
+
+def _also_kept(function: cst.FunctionDef, node: cst.CSTNode, cuts: set[int]) -> bool:
     """``z.detach()`` of a name the function also reads whole (SimSiam's ``p1 = self.predictor(z1)`` beside ``return
-    p1, p2, z1.detach(), z2.detach()``): what computed it still gets a gradient through the other read."""
-    target = node.func.value if isinstance(node, cst.Call) else node.value  # type: ignore[attr-defined]
+    p1, p2, z1.detach(), z2.detach()``): what computed it still gets a gradient through the other read. ``cuts``: the
+    ids of every value the function detaches or reads ``.data`` of."""
+    target = _cut_value(node)
     if not isinstance(target, cst.Name):
         return False
-    cuts = {id(c.func.value if isinstance(c, cst.Call) else c.value)  # type: ignore[attr-defined]
-            for c in findall(function, m.Call(func=m.Attribute(attr=m.Name("detach"))) | m.Attribute(attr=m.Name("data")))}
     bindings = [n for t in findall(function, m.AssignTarget() | m.Param() | m.AugAssign() | m.AnnAssign()
                                    | m.For() | m.WithItem() | m.NamedExpr())
                 for n in findall(getattr(t, "target", None) or getattr(t, "name", None) or t, m.Name(target.value))]
