@@ -30,6 +30,7 @@ from .module_device import ModuleDevice
 from .numpy_cpu import NumpyOnCpu
 from .optimizer_step import OptimizerStepClosure
 from .placement import RemovePlacement
+from .plateau_metric import PlateauMetric
 from .prepare import Prepare
 from .saving import Saving
 from .seeding import Seeding
@@ -70,7 +71,7 @@ CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, ModuleDevice, AcceleratorParameter,
     Prepare,
     OptimizerStepClosure, GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes,
-    GatherForMetrics, MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
+    GatherForMetrics, PlateauMetric, MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
     AddAccelerator,
     MainProcessOutput,
 )

@@ -569,3 +569,12 @@ def vanishing_statements(shared) -> frozenset[int]:
             found.add(id(stmt))
     return frozenset(found)
 
+
+def with_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with ``keyword=value`` as its last argument (after a trailing comma it ends with one too)."""
+    added = cst.Arg(keyword=cst.Name(keyword), value=value,
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+    args = list(call.args)
+    if args and args[-1].comma != cst.MaybeSentinel.DEFAULT:  # a trailing comma: keep the style
+        return call.with_changes(args=[*args, added.with_changes(comma=args[-1].comma)])
+    return call.with_changes(args=[*args, added])

@@ -16,7 +16,7 @@ from accelify.queries.refs import MODULE, key_at
 from accelify.queries.training import setup_blocks
 from accelify.queries.trees import descendants, rebuild_with, replace_in
 
-from .base import AccelifyCodemod, accelerator_attr
+from .base import AccelifyCodemod, accelerator_attr, with_keyword
 
 _PRINT = frozenset({"builtins.print", "print"})
 _WRITES = {"sys.stdout.write": None, "sys.stderr.write": "sys.stderr"}
@@ -219,7 +219,7 @@ class MainProcessOutput(AccelifyCodemod):
             if accelerator is None or under_main_process_check(self, original_node):
                 return updated_node
             self.change(original_node, "`profile` prints its registrations on the main process only")
-            return _with_keyword(updated_node, "verbose", accelerator_attr(accelerator, "is_main_process"))
+            return with_keyword(updated_node, "verbose", accelerator_attr(accelerator, "is_main_process"))
         if any(n.startswith("tqdm.") and n.rsplit(".", 1)[-1] in ("tqdm", "trange") for n in names):
             if any(a.keyword is not None and a.keyword.value == "disable" for a in original_node.args):
                 return updated_node
@@ -227,7 +227,7 @@ class MainProcessOutput(AccelifyCodemod):
             if accelerator is None:
                 return updated_node
             self.change(original_node, "progress bar drawn on the local main process only")
-            return _with_keyword(updated_node, "disable", cst.parse_expression(f"not {accelerator}.is_local_main_process"))
+            return with_keyword(updated_node, "disable", cst.parse_expression(f"not {accelerator}.is_local_main_process"))
         return updated_node
 
 
@@ -245,16 +245,6 @@ class MainProcessOutput(AccelifyCodemod):
             k for kind in ("model", "loader") for k, _ in self.plan.flow[kind]}
         return (len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star
                 and isinstance(self.get_metadata(ParentNodeProvider, call, None), cst.Expr) and key in training)
-
-
-def _with_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
-    """``call`` with ``keyword=value`` as its last argument (after a trailing comma it ends with one too)."""
-    added = cst.Arg(keyword=cst.Name(keyword), value=value,
-                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-    args = list(call.args)
-    if args and args[-1].comma != cst.MaybeSentinel.DEFAULT:  # a trailing comma: keep the style
-        return call.with_changes(args=[*args, added.with_changes(comma=args[-1].comma)])
-    return call.with_changes(args=[*args, added])
 
 
 def _names_in(made: cst.CSTNode, before: cst.CSTNode) -> list[cst.Name]:

@@ -23,7 +23,7 @@ from accelify.queries.training import BACKWARD, setup_blocks
 from accelify.queries.trees import Item
 from accelify.queries.walk import findall
 
-from .base import AccelifyCodemod
+from .base import AccelifyCodemod, with_keyword
 
 #: what writes a log's rows into a file handle (`csv.writer(f).writerow(...)`)
 _CSV_WRITERS = frozenset({"csv.writer", "csv.DictWriter"})
@@ -35,8 +35,10 @@ _EXISTS = frozenset({"os.path.exists", "os.path.isdir"})
 #: TensorBoard writers: created and written by the main process when every use is a statement of its own
 _TENSORBOARD = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
                           "tensorboardX.SummaryWriter"})
-#: loggers every process would run: left to the user (ACC127) but for the TensorBoard writers above
-_LOGGERS = _TENSORBOARD | frozenset({"wandb.init", "mlflow.start_run"})
+#: experiment trackers' runs: every process but the main one gets ``mode="disabled"``
+_RUNS = frozenset({"wandb.init"})
+#: loggers every process would run: left to the user (ACC127) but for the TensorBoard writers and runs above
+_LOGGERS = _TENSORBOARD | _RUNS | frozenset({"mlflow.start_run"})
 #: handlers that write the standard library's log records to a file (codesearch, PointNet, ODE-Net): made and
 #: attached by the main process where every use is a statement of its own, else ACC127
 _LOG_FILES = frozenset({"logging.FileHandler", "logging.handlers.RotatingFileHandler",
@@ -51,6 +53,12 @@ _FETCHES = frozenset({
     "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
     "wget.download", "gdown.download",
 })
+
+
+def _run_mode_converted(call: cst.Call) -> bool:
+    """``wandb.init(..., mode=... if accelerator.is_main_process else "disabled")``: converted already."""
+    return any(a.keyword is not None and a.keyword.value == "mode" and m.matches(a.value, m.IfExp(
+        test=m.Attribute(attr=m.Name("is_main_process")), orelse=m.SimpleString())) for a in call.args)
 
 
 def _downloads(call: cst.Call) -> bool:
@@ -79,7 +87,8 @@ class MainProcessFiles(AccelifyCodemod):
     with ACC127 (every process's records in one file).  A TensorBoard ``SummaryWriter`` whose every use is a statement of its own
     (``writer.add_scalar(...)``) is created and written by the main process; an optional one
     (``SummaryWriter(...) if args.log else None``, used under ``if writer is not None:``) gets the
-    main process as one more condition.  A call of another module's function that writes files
+    main process as one more condition.  A wandb run (``wandb.init(...)``) gets ``mode="disabled"`` on every
+    process but the main one.  A call of another module's function that writes files
     (accelify.analyses.foreign) is made by the main process.
 
     Before::
@@ -210,6 +219,14 @@ class MainProcessFiles(AccelifyCodemod):
         self._logger_tests: dict[int, str] = {}
         self._loggers_handled: set[int] = set()  # the SummaryWriter(...) calls those take care of
         self._main_process_loggers(node)
+        self._runs: dict[int, str] = {}  # `wandb.init(...)` calls -> the accelerator whose main process logs
+        for call in findall(node, m.Call()):
+            if qualified_names(self, call.func) & _RUNS and not under_main_process_check(self, call):  # type: ignore[attr-defined]
+                accelerator = self.accelerator_at(call)
+                if accelerator is not None:
+                    self._loggers_handled.add(id(call))
+                    if not _run_mode_converted(call):  # type: ignore[arg-type]
+                        self._runs[id(call)] = accelerator
         self._taint = EarlyStops(self, self.plan, node, [], [])
         self._loads = [self.line_of(c)[0] for c in findall(node, m.Call()) if (
             qualified_names(self, c.func) & TORCH_LOAD  # type: ignore[arg-type]
@@ -447,6 +464,26 @@ class MainProcessFiles(AccelifyCodemod):
                 return True
             node = parent
         return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        """``wandb.init(...)``: its ``mode`` is ``"disabled"`` on every process but the main one, where it
+        stays as written (``None``, wandb's default, when not given): one run, and each ``run.log(...)``,
+        ``wandb.log(...)`` of the others does nothing."""
+        accelerator = self._runs.get(id(original_node))
+        if accelerator is None:
+            return updated_node
+        self.change(original_node, "a wandb run on the main process only (`mode=\"disabled\"` on the others)")
+        given = next((a for a in updated_node.args if a.keyword is not None and a.keyword.value == "mode"), None)
+        value = given.value if given is not None else cst.Name("None")
+        if isinstance(value, (cst.IfExp, cst.Lambda)):
+            value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        strings = [n.value for n in findall(updated_node, m.SimpleString())]
+        quote = "'" if strings and all(text.lstrip("rbuRBU").startswith("'") for text in strings) else '"'
+        mode = cst.IfExp(test=cst.parse_expression(f"{accelerator}.is_main_process"), body=value,
+                         orelse=cst.SimpleString(f"{quote}disabled{quote}"))
+        if given is not None:
+            return updated_node.with_changes(args=[a.with_changes(value=mode) if a is given else a for a in updated_node.args])
+        return with_keyword(updated_node, "mode", mode)
 
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
         accelerator = self._logger_tests.get(id(original_node))

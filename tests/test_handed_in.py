@@ -81,10 +81,6 @@ def test_in_a_module_beside_the_script_it_is_converted_there(tmp_path: Path) -> 
     (("    train(model, train_loader, device, 2)\n",
       "    train(model, train_loader, device, 2)\n\n\ndef again(model, train_loader, device):\n"
       "    train(model, train_loader, device, 1)\n"), "called from more than one place"),
-    # a loader of its own: not prepared in the function yet
-    (("    for epoch in range(epochs):\n",
-      "    extra = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8).long()), batch_size=4)\n"
-      "    for epoch in range(epochs):\n"), "builds a DataLoader too (`extra`)"),
     # a scheduler of its own
     (("    for epoch in range(epochs):\n",
       "    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)\n    for epoch in range(epochs):\n"),
@@ -120,3 +116,50 @@ def test_converted_again_it_says_nothing_the_first_conversion_did_not() -> None:
     again = convert_source(first.output, "train.py")
     assert not again.changed
     assert [f.code for f in again.findings] == [f.code for f in first.findings] == ["ACC142"]
+
+
+OWN_LOADER = SCRIPT.replace("def train(model, train_loader, device, epochs):\n", """\
+def train(model, device, epochs):
+    x = torch.randn(32, 4)
+    train_loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=4, shuffle=True)
+""").replace("""\
+    x = torch.randn(32, 4)
+    train_loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=4, shuffle=True)
+    train(model, train_loader, device, 2)
+""", "    train(model, device, 2)\n")
+
+
+def test_a_function_that_builds_its_loaders_prepares_the_model_it_is_handed_with_them() -> None:
+    """Milesial's U-Net shape (fixtures/train_function_own_loaders runs it): the function is the setup scope,
+    the device it is handed is the caller's automatic device, so its reads go with the batches' moves."""
+    assert OWN_LOADER != SCRIPT and "train(model, device, 2)" in OWN_LOADER
+    result = convert_source(OWN_LOADER, "train.py")
+    assert result.changed and not result.findings
+    train, _, main = result.output.partition("def main():")
+    assert "    accelerator = Accelerator()\n" in train
+    assert "train_loader, model, optimizer = accelerator.prepare(train_loader, model, optimizer)" in train
+    assert "accelerator.backward(loss)" in train and "x.to(device)" not in train
+    assert "prepare" not in main and "accelerator" not in main
+    assert_stable(result.output)
+
+
+@pytest.mark.parametrize("after, used", [
+    ("    torch.save(model.state_dict(), 'model.pt')\n", "torch.save"),
+    ("    print(model(torch.randn(2, 4)))\n", "print"),
+])
+def test_a_model_used_by_the_caller_after_the_function_prepared_it_is_refused(after: str, used: str) -> None:
+    source = OWN_LOADER.replace("    train(model, device, 2)\n", "    train(model, device, 2)\n" + after)
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    [finding] = result.findings
+    assert finding.code == "ACC104" and "used in `main` after `train` has prepared and trained it" in finding.message
+    assert used in source.splitlines()[finding.line - 1]
+
+
+def test_a_loader_handed_in_beside_one_it_builds_is_refused_for_the_handed_one() -> None:
+    source = SCRIPT.replace("    for epoch in range(epochs):\n",
+                            "    extra = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8).long()), batch_size=4)\n"
+                            "    for epoch in range(epochs):\n", 1)
+    result = convert_source(source, "train.py")
+    assert not result.changed
+    assert [f.code for f in result.findings] == ["ACC123"] and "`train_loader`" in result.findings[0].message

@@ -26,7 +26,7 @@ from accelify.analyses.device_kinds import chosen_index, classify_device, per_pr
 from accelify.analyses.facts import Facts, chain_root
 from accelify.queries.blocks import inside, statement_line, under
 from accelify.queries.devices import is_availability_check
-from accelify.queries.names import code_of, read_names, string_value
+from accelify.queries.names import code_of, param_names, read_names, string_value
 from accelify.queries.refs import MODULE, Ref, key_at, ref_of
 from accelify.queries.walk import findall
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) -> bool:
     """Classify the device variables of the setup scope; False when the file must stay as it is."""
+    plan.devices.update(_handed_devices(facts, plan))
     for ref, assigns in in_owner.items():
         kinds = [classify_device(facts, a.value) for a in assigns if facts.single_target(a) == ref]
         if not any(kinds):
@@ -90,6 +91,29 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
                           "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.")
             return False
     return True
+
+
+def _handed_devices(facts: Facts, plan: Plan) -> set[str]:
+    """The parameters of a setup function that prepares the models it is handed (``plan.handed_in``)
+    that every call hands the caller's automatic device (``device = torch.device("cuda" if ... else
+    "cpu")``, bound once there): inside the function they are the training device."""
+    func = facts.functions.get(plan.setup) if plan.handed_in else None
+    if func is None:
+        return set()
+    sites = facts.call_sites(plan.setup, func)
+    found = set()
+    for param in param_names(func):
+        if param in plan.handed_in or facts.assigns.get((plan.setup, param)) or not sites:
+            continue
+        kinds = []
+        for _, bound in sites:
+            arg = bound.get(param)
+            ref = ref_of(facts, arg) if isinstance(arg, cst.Name) else None
+            assigns = facts.assigns.get(ref, []) if ref is not None else []
+            kinds.append(classify_device(facts, assigns[0].value) if len(assigns) == 1 else None)
+        if kinds and all(k is not None and k.kind == "auto" and not k.detail for k in kinds):
+            found.add(param)
+    return found
 
 
 def _index_noted(facts: Facts, plan: Plan, name: str, value: cst.BaseExpression) -> bool:

@@ -21,26 +21,32 @@ take a model and its optimizer in one ``prepare`` call, so the conversion says s
 
 Only for a plain module-level function, every model its optimizers train one of its parameters
 that it never binds, called from one scope (the module or one function) with a plain name of that
-scope for each model.  A DataLoader or a scheduler the function builds itself is not handled yet:
-the file stays as it was, with the reason (ACC104).
+scope for each model.  A scheduler the function builds itself is not handled yet: the file stays as
+it was, with the reason (ACC104).
+
+A function that builds its own DataLoaders too (Milesial's U-Net) is itself the setup scope: it
+prepares the models it is handed with its loaders and optimizer (``plan.handed_in``), at each call,
+when its callers do nothing with a model after handing it but call the function again or a method
+of the model on its own line (ACC104 otherwise; ACC148 for a call again in an ``except``).
 
 Input: the facts and the optimizers found where they are built, ``plan.setup`` (the function).
 Output: ``plan.setup`` and ``plan.owner`` (the caller), ``plan.late`` (function -> the optimizers
-it prepares), the optimizers' models as the caller names them; the note ACC142.
+it prepares), the optimizers' models as the caller names them; the note ACC142; or ``plan.handed_in``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.helpers import why_no_accelerator
 from accelify.analyses.objects import Optimizers, _handed_in, _model_ref, is_scheduler
 from accelify.analyses.prepare_point import _exhaustive_choices
-from accelify.queries.blocks import bound_on_all_paths
+from accelify.queries.blocks import bound_on_all_paths, under
 from accelify.queries.names import DATALOADERS, code_of, has_qname
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.training import built_at_top
@@ -73,6 +79,8 @@ def relocate(facts: Facts, plan: Plan, optimizers: Optimizers) -> bool:
         return True
     function = plan.setup
     func = facts.functions[function]
+    if _own_loader(facts, function) is not None:
+        return _prepared_inside(facts, plan, function, models, optimizers)
     first = min((a for a, _ in optimizers.values()), key=facts.line)
     why = _unsupported(facts, plan, function, optimizers)
     sites = facts.call_sites(function, func)
@@ -125,8 +133,6 @@ def _unsupported(facts: Facts, plan: Plan, function: str, optimizers: Optimizers
             value = assign.value
             if facts.assign_key.get(id(assign)) != function or not isinstance(value, cst.Call):
                 continue
-            if has_qname(facts, value.func, DATALOADERS):
-                return f"`{function}` builds a DataLoader too (`{ref[1]}`)"
             if ref not in refs and is_scheduler(facts, value, refs):
                 return f"`{function}` builds a scheduler too (`{code_of(value.func)}`)"
     located = built_at_top(facts.functions[function], {r[1] for r in refs}, facts.trainers)
@@ -137,6 +143,72 @@ def _unsupported(facts: Facts, plan: Plan, function: str, optimizers: Optimizers
     for ref in sorted(refs):
         if not bound_on_all_paths(block.body[:index], ref[1], exhaustive):
             return f"`{ref[1]}` is bound there only under a condition"
+    return None
+
+
+def _prepared_inside(facts: Facts, plan: Plan, function: str, models: list[str], optimizers: Optimizers) -> bool:
+    """The function builds its own DataLoaders too (Milesial's U-Net: ``train_model(model, device, ...)``
+    builds the dataset, the loaders, the optimizer and the scheduler): it stays the setup scope and
+    prepares the models it is handed with them, at each call (called again after an out-of-memory error,
+    it prepares the same model anew with new objects).  What a caller does with a model after handing it
+    is not converted, so it may only call the function again or a method of the model on its own line
+    (``model.use_checkpointing()``); False (ACC104) otherwise."""
+    sites = facts.call_sites(function, facts.functions[function])
+    first: dict[object, int] = {}
+    for call, _ in sites:
+        caller = key_at(facts, call)
+        first[caller] = min(first.get(caller, facts.line(call)), facts.line(call))
+    calls = {id(call) for call, _ in sites}
+    for call, bound in sites:
+        caller = key_at(facts, call)
+        for name in models:
+            arg = bound.get(name)
+            ref = ref_of(facts, arg) if isinstance(arg, cst.Name) else None
+            later = next((n for n in findall(facts.module, m.Name(arg.value)) if ref_of(facts, n) == ref
+                          and facts.line(n) > first[caller] and not _reused(facts, n, calls)), None) if ref else None
+            if later is None:
+                continue
+            where = "the module's own code" if caller == MODULE else f"`{caller}`"
+            facts.finding(
+                plan, later, "ACC104",
+                f"`{code_of(arg)}` is used in {where} after `{function}` has prepared and trained it: accelify prepares it in `{function}`, which builds the data and the optimizer, "
+                f"and does not convert what {where} does with it afterwards (every process would run it as "
+                "written). File not converted.",
+                f"move that code into `{function}` (after its training), or build the loaders and the optimizer "
+                f"where the model is built and hand them to `{function}`.",
+            )
+            return False
+    plan.handed_in = models
+    retried = next((call for call, _ in sites if under(facts, call, (cst.ExceptHandler,))), None)
+    if retried is not None:
+        facts.note(
+            plan, retried, "ACC148",
+            f"`{function}` is called again when an error is caught: it prepares the "
+            "model anew with new loaders and a new optimizer, right when every process catches the error. Under "
+            "several processes an error of one process (an out-of-memory error on one GPU) reaches that process "
+            "only, and the others wait for it in their next step.",
+            "to recover on every process alike, check the condition on every process "
+            "(`accelerator.gather`) before calling it again, or let the run stop and restart it.",
+        )
+    return True
+
+
+def _reused(facts: Facts, name: cst.Name, calls: set[int]) -> bool:
+    """The model handed to the function again, or a method of it called on its own line."""
+    parent = facts.get_metadata(ParentNodeProvider, name, None)
+    if isinstance(parent, cst.Arg):
+        return id(facts.get_metadata(ParentNodeProvider, parent, None)) in calls
+    call = facts.get_metadata(ParentNodeProvider, parent, None) if isinstance(parent, cst.Attribute) else None
+    return (isinstance(call, cst.Call) and call.func is parent
+            and isinstance(facts.get_metadata(ParentNodeProvider, call, None), cst.Expr))
+
+
+def _own_loader(facts: Facts, function: str) -> Optional[str]:
+    """The first DataLoader the function builds itself (``train_loader = DataLoader(...)``), if any."""
+    for ref, assigns in facts.assigns.items():
+        if ref[0] == function and any(isinstance(a.value, cst.Call) and has_qname(facts, a.value.func, DATALOADERS)
+                                      and facts.assign_key.get(id(a)) == function for a in assigns):
+            return ref[1]
     return None
 
 

@@ -300,7 +300,7 @@ def training_objects(
                 return False
             if ref[1] not in plan.models:
                 plan.models.append(ref[1])
-            if not plan.evaluation and _handed_in(facts, plan, ref[1]):
+            if not plan.evaluation and _handed_in(facts, plan, ref[1]) and ref[1] not in plan.handed_in:
                 facts.finding(
                     plan, assign, "ACC104",
                     f"the optimizer is built in `{plan.setup}` for `{ref[1]}`, a parameter: the model (and the data "

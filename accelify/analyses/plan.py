@@ -36,6 +36,7 @@ from accelify.analyses import (
     objects,
     option_devices,
     prepare_point,
+    random_splits,
     samplers,
     schedulers,
     unsharded,
@@ -138,6 +139,8 @@ class Plan:
     #: a function that builds its optimizers for the model it is handed (accelify.analyses.handed) -> those
     #: optimizers, prepared there; the model is prepared in the setup scope, its caller
     late: dict[str, list[str]] = field(default_factory=dict)
+    #: the models a setup function that builds its own loaders is handed and prepares (accelify.analyses.handed)
+    handed_in: list[str] = field(default_factory=list)
     #: per-batch schedulers sized from ``len(dataloader)`` before the objects are prepared: prepared with them
     sized_early: list[str] = field(default_factory=list)
     #: every ref of each kind, setup objects and helper parameters alike
@@ -209,7 +212,7 @@ class Plan:
 
     def anchors(self) -> list[str]:
         """The core objects the setup scope binds: ``prepare`` goes after the last of them."""
-        return [n for n in self.core() if n not in self.built_in_init] + self.sized_early
+        return [n for n in self.core() if n not in self.built_in_init and n not in self.handed_in] + self.sized_early
 
     def touches(self) -> frozenset[str]:
         """An evaluation's models: ``prepare`` goes after the lines that load or move them
@@ -350,6 +353,7 @@ def _decide(facts: Facts) -> Plan:
         return calls is not None
 
     blockers.step("trained", (), lambda: data.trained_here(facts, plan, optimizers))
+    blockers.step("splits", (), lambda: random_splits.decide(facts, plan))
     blockers.step("processes", (), lambda: data.processes_here(facts, plan))
     blockers.step("distributed", ("processes",), lambda: distributed.decide(facts, plan))
     blockers.step("setup", ("trained",), lambda: prepare_point.setup_scope(facts, plan, optimizers, first)

@@ -24,7 +24,7 @@ from accelify.analyses.facts import Facts
 from accelify.analyses.objects import is_scheduler
 from accelify.queries.blocks import scope_root, simple_assign
 from accelify.queries.loops import enclosing_loop_over, enumerate_counter
-from accelify.queries.names import assigned_names, read_names
+from accelify.queries.names import PLATEAU_SCHEDULERS, assigned_names, has_qname, read_names
 from accelify.queries.refs import Ref, ref_of
 from accelify.queries.training import locate_setup, trains
 from accelify.queries.walk import findall
@@ -43,7 +43,8 @@ def decide(
     for ref, assigns in in_owner.items():
         for a in assigns:
             if ref not in optimizers and isinstance(a.value, cst.Call) and facts.single_target(a) == ref:
-                if is_scheduler(facts, a.value, optimizers):
+                # a ReduceLROnPlateau is never prepared: the wrapper would step it N times on one value (ACC032)
+                if is_scheduler(facts, a.value, optimizers) and not has_qname(facts, a.value.func, PLATEAU_SCHEDULERS):
                     found.append((ref, a))
     for ref, assign in sorted(found, key=lambda x: facts.line(x[1])):
         stepping = _stepping(facts, plan, ref)

@@ -87,7 +87,7 @@ FINDINGS: dict[str, str] = {
     "worker also called directly, an `all_gather` of evaluation counts or into a list not built for it, `broadcast`, process subgroups, FSDP, `require_backward_grad_sync`, "
     "gradients all-reduced by hand, a rank with a single-process default): the "
     "finding names it; file left unchanged (half a conversion would wrap the model or shard the data twice).",
-    "ACC127": "A logger (`wandb.init`, a `SummaryWriter` handed on or used inside an expression), a file opened for "
+    "ACC127": "A logger (`wandb.init` where the Accelerator cannot be reached, a `SummaryWriter` handed on or used inside an expression), a file opened for "
     "writing that may differ between processes (not a log whose block only writes to it, nor the run's settings: "
     "those are written by the main process), or a download (`download=True`) outside the setup code, that every "
     "process runs: left as it is; reported (`if accelerator.is_main_process:`, "
@@ -162,6 +162,17 @@ FINDINGS: dict[str, str] = {
     "ACC147": "The optimizer trains an `nn.ModuleList` or `nn.ModuleDict` the script never calls (it calls the "
     "modules in it): prepared, its DistributedDataParallel wrapper would never run and no gradient would be "
     "averaged between the processes; file left unchanged.",
+    "ACC148": "A function that prepares the model it is handed with its own loaders and optimizer is called again when "
+    "an error is caught (Milesial's U-Net retries `train_model` after `torch.cuda.OutOfMemoryError`): right when "
+    "every process catches the error; an error of one process only (one GPU out of memory) leaves the others "
+    "waiting in their next step: converted, reported.",
+    "ACC149": "The data is split at random without a seed (`random_split(dataset, [n_train, n_val])` with no "
+    "`generator=`, scikit-learn's `train_test_split` with no `random_state=`, and no seed of the generator they draw "
+    "from): every process would split differently, so the processes would train on shards of different training "
+    "sets and validate on samples others train on; file left unchanged.",
+    "ACC150": "A `ReduceLROnPlateau` stepped on a value each process computes by the main process only, or where the "
+    "Accelerator cannot be reached: every process must step it on the same value (ACC032 hands it the mean over the "
+    "processes), or each would train with a learning rate of its own; file left unchanged.",
 }
 
 

@@ -51,6 +51,10 @@ def has_qname(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozense
     return bool(qualified_names(visitor, node) & names)
 
 
+#: schedulers that decide the learning rate from a value handed to each ``step`` (never prepared: Accelerate's
+#: wrapper would step one N times per call)
+PLATEAU_SCHEDULERS = frozenset({"torch.optim.lr_scheduler.ReduceLROnPlateau"})
+
 #: a name an optimizer class or factory has (``AdamW``, ``LARS``, ``get_optimizer``); core/precheck.py keeps a copy
 OPTIMIZER_NAME = re.compile(r"adam|sgd|rmsprop|adagrad|adadelta|adafactor|lamb|lion|lars|sophia|optim", re.I)
 
