@@ -386,6 +386,7 @@ class Run:
     proc: subprocess.CompletedProcess
     stdout: list[str]
     traces: list[dict]
+    folder: Path  # where the script ran (what it wrote is there)
 
 
 def run_traced(script: Path, env: dict[str, str], processes: int = 1, block: tuple[str, ...] = ()) -> Run:
@@ -418,7 +419,19 @@ def run_traced(script: Path, env: dict[str, str], processes: int = 1, block: tup
         failures = judge_side_effects({rank: t["effects"] for rank, t in enumerate(traces)},
                                       {rank: t["prints"] for rank, t in enumerate(traces)})
         assert not failures, "side effects on every process:\n" + "\n".join(failures)
-    return Run(proc, outputs, traces)
+    return Run(proc, outputs, traces, script.parent)
+
+
+def golden_fixture_runs(folders, name: str) -> dict[str, Run]:
+    """:func:`fixture_runs`, once the conversion of ``fixtures/<name>/before.py`` is checked to be its
+    ``after.py`` (what runs as converted is what accelify writes)."""
+    from accelify.core.pipeline import convert_source
+
+    source = (FIXTURES / name / "before.py").read_text(encoding="utf-8")
+    result = convert_source(source, "before.py")
+    assert result.error is None and result.output != source
+    assert result.output == (FIXTURES / name / "after.py").read_text(encoding="utf-8")
+    return fixture_runs(folders, name)
 
 
 def fixture_runs(folders, name: str) -> dict[str, Run]:

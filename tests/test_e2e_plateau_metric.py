@@ -14,25 +14,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from e2e import FIXTURES, run_traced, script_env  # noqa: E402
-
-from accelify.core.pipeline import convert_source  # noqa: E402
+from e2e import golden_fixture_runs  # noqa: E402
 
 NAME = "plateau_metric"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    source = (FIXTURES / NAME / "before.py").read_text(encoding="utf-8")
-    result = convert_source(source, "before.py")
-    assert result.output == (FIXTURES / NAME / "after.py").read_text(encoding="utf-8")  # what runs as converted
-    env = script_env(PYTHONHASHSEED="0")
-    made = {}
-    for run, text, processes in (("original", source, 1), ("one", result.output, 1), ("two", result.output, 2)):
-        script = tmp_path_factory.mktemp(run) / "script.py"
-        script.write_text(text, encoding="utf-8")
-        made[run] = (run_traced(script, env, processes), script.parent)
-    return made
+    return golden_fixture_runs(tmp_path_factory, NAME)
 
 
 def _rates(folder: Path) -> list[str]:
@@ -40,12 +29,11 @@ def _rates(folder: Path) -> list[str]:
 
 
 def test_one_process_steps_as_the_original(runs):
-    (original, folder), (one, one_folder) = runs["original"], runs["one"]
+    original, one = runs["original"], runs["one"]
     assert original.stdout[0].count("epoch") == 6 and one.stdout[0] == original.stdout[0]
-    assert _rates(one_folder) == _rates(folder)
+    assert _rates(one.folder) == _rates(original.folder)
 
 
 def test_two_processes_lower_the_learning_rate_at_the_same_epochs(runs):
-    _, folder = runs["two"]
-    first, second = _rates(folder)
+    first, second = _rates(runs["two"].folder)
     assert first == second and len(set(first.split())) > 1, (first, second)  # lowered, and alike

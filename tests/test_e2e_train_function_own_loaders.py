@@ -11,20 +11,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from e2e import FIXTURES, fixture_runs  # noqa: E402
+from e2e import golden_fixture_runs  # noqa: E402
 
-from accelify.core.pipeline import convert_source  # noqa: E402
 
 NAME = "train_function_own_loaders"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    source = (FIXTURES / NAME / "before.py").read_text(encoding="utf-8")
-    result = convert_source(source, "before.py")
-    assert result.error is None and result.output != source
-    assert result.output == (FIXTURES / NAME / "after.py").read_text(encoding="utf-8")  # what runs as converted
-    return fixture_runs(tmp_path_factory, NAME)
+    return golden_fixture_runs(tmp_path_factory, NAME)
 
 
 def test_one_process_trains_and_validates_as_the_original(runs):

@@ -12,21 +12,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from e2e import FIXTURES, fixture_runs  # noqa: E402
-
-from accelify.core.pipeline import convert_source  # noqa: E402
+from e2e import golden_fixture_runs  # noqa: E402
 
 NAME = "eval_whole_set_topk"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    source = (FIXTURES / NAME / "before.py").read_text(encoding="utf-8")
-    result = convert_source(source, "before.py")
-    assert result.error is None and result.output != source
-    assert [f.code for f in result.findings] == ["ACC146"]
-    assert result.output == (FIXTURES / NAME / "after.py").read_text(encoding="utf-8")  # what runs as converted
-    return fixture_runs(tmp_path_factory, NAME)
+    return golden_fixture_runs(tmp_path_factory, NAME)
 
 
 def test_one_process_prints_the_same(runs):
