@@ -11,7 +11,7 @@ from libcst.metadata import ExpressionContext, ExpressionContextProvider, Parent
 from accelify.analyses.device_kinds import classify_device, is_option_device
 from accelify.analyses.plan import Plan, bind_arguments, param_names
 from accelify.queries.blocks import child_blocks, simple_assign
-from accelify.queries.names import code_of, string_value
+from accelify.queries.names import code_of, qualified_names, string_value
 from accelify.queries.refs import MODULE, key_at, ref_of
 from accelify.queries.trees import remove_imports_of
 from accelify.queries.walk import findall
@@ -189,6 +189,10 @@ class RemoveDevice(AccelifyCodemod):
         if keyword == "device_type":
             return True
         call = self.get_metadata(ParentNodeProvider, arg, None)
+        if keyword == "device" and isinstance(call, cst.Call) and _library_call(self, call):
+            # torchsummary's `summary(model, size, device="cuda")` checks `device.lower() in ["cuda", "cpu"]`
+            values = _values_of(self, ref)
+            return bool(values) and all(_indexless(v) for v in values)
         if keyword in ("device", "map_location") or not isinstance(call, cst.Call) or (
             isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")
         ) or classify_device(self, call) is not None:
@@ -387,12 +391,24 @@ def _indexless_device(codemod: AccelifyCodemod, ref) -> bool:
     """The device name ``ref`` is a device *type* derived from another device (nanoGPT's ``device_type =
     "cuda" if "cuda" in device else "cpu"``): every value the file binds it to has no index and tests a
     device. A device chosen by its own test (``"cuda" if torch.cuda.is_available() else "cpu"``) stays a device."""
-    module = codemod.shared.module
     devices = codemod.plan.refs(sorted(codemod.plan.devices)) - {ref}
-    values = [a.value for a in findall(module, m.Assign())
-              if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
-              and ref_of(codemod, a.targets[0].target) == ref]
+    values = _values_of(codemod, ref)
     return bool(values) and all(
         _indexless(v) and isinstance(v, cst.IfExp)
         and any(ref_of(codemod, n) in devices for n in findall(v.test, m.Name())) for v in values
     )
+
+
+def _values_of(codemod: AccelifyCodemod, ref) -> list[cst.BaseExpression]:
+    """What the file binds the name ``ref`` to (``name = value`` statements)."""
+    return [a.value for a in findall(codemod.shared.module, m.Assign())
+            if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
+            and ref_of(codemod, a.targets[0].target) == ref]
+
+
+def _library_call(visitor: cst.MetadataDependent, call: cst.Call) -> bool:
+    """A function of an installed package other than torch (``torchsummary.summary``): it may take a device as a
+    string only, as the script handed it."""
+    names = qualified_names(visitor, call.func)
+    return bool(names) and all("." in n and not n.startswith(("torch.", "accelerate.", "builtins.")) and
+                               not n.startswith(".") for n in names)

@@ -508,6 +508,8 @@ class RemovePlacement(AccelifyCodemod):
             # a model's or a loss's method (MoCo v3's `contrastive_loss`), run once the Accelerator exists: its state
             add_target_import(self.context, "PartialState")
             accelerator = "PartialState()"
+        if accelerator is None and self._handed_to_setup(original):
+            return call  # a model its caller hands to the function that prepares it: `prepare` moves it there
         if accelerator is None:
             self.refuse(original, "ACC109", f"{_left_on(original)} File not converted.",
                         "pass the accelerator (or `accelerator.device`) to this function and place on `accelerator.device`.")
@@ -522,6 +524,20 @@ class RemovePlacement(AccelifyCodemod):
         return call.with_changes(
             args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
+
+
+    def _handed_to_setup(self, call: cst.Call) -> bool:
+        """``net = ViT_seg(...).cuda()`` (or ``net.cuda()``) in the caller of a function that prepares the model
+        it is handed with its own loaders (accelify.analyses.handed)."""
+        if not self.plan.handed_refs:
+            return False
+        refs = set(receiver_refs(self, call.func.value))  # type: ignore[attr-defined]
+        node: Optional[cst.CSTNode] = call
+        while isinstance(node, (cst.Call, cst.Attribute)):
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            refs.add(ref_of(self, node.targets[0].target))
+        return bool(refs & self.plan.handed_refs)
 
 
 def _left_on(call: cst.Call) -> str:

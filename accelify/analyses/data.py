@@ -451,7 +451,8 @@ def training_data(facts: Facts, plan: Plan) -> bool:
         if loops:
             _move_iterators(facts, plan, loops[-1])
         if not loops or any(_prepared_data(facts, plan, loop.iter, 0) or _bound_by_prepare(facts, loop.iter)
-                            for loop in loops) or _drawn_by_next(facts, plan, loops[-1]):
+                            for loop in loops) or _drawn_by_next(facts, plan, loops[-1]) \
+                or _drawn_through_wrapper(facts, plan, loops[-1]):
             continue
         early = _iterator_made_before(facts, plan, loops[-1])
         if early is not None and not _seeded(facts, _TORCH_SEEDS):
@@ -827,6 +828,22 @@ def _drawn_by_next(facts: Facts, plan: Plan, loop: cst.For) -> bool:
     made after ``prepare`` (there, or moved there)?"""
     return any(made_in or _made_after_prepare(facts, plan, iterator) or _moved(facts, plan, iterator)
                for iterator, _, made_in in _next_draws(facts, plan, loop))
+
+
+def _drawn_through_wrapper(facts: Facts, plan: Plan, loop: cst.For) -> bool:
+    """Does the loop draw its batches from an object made from a prepared dataloader, in the loop or after
+    ``prepare`` (NVIDIA's data prefetcher: ``prefetcher = DataPrefetcher(loader, device)`` per epoch, then
+    ``inputs, targets = prefetcher.next()`` until it hands back None)? It draws the process's shard."""
+    for call in findall(loop.body, m.Call(func=m.Attribute(value=m.Name()))):
+        receiver = call.func.value  # type: ignore[attr-defined]
+        if not isinstance(facts.get_metadata(ParentNodeProvider, call, None), cst.Assign):
+            continue
+        assignments = _assignments(facts, receiver)  # type: ignore[arg-type]
+        made_in = bool(assignments) and all(a is not None and inside(facts, a, {id(loop)}) for a in assignments)
+        if (made_in or _made_after_prepare(facts, plan, receiver)) and any(  # type: ignore[arg-type]
+                isinstance(v, cst.Call) and _prepared_data(facts, plan, v, 0) for v in facts.bound_values(receiver)):
+            return True
+    return False
 
 
 def _move_iterators(facts: Facts, plan: Plan, loop: cst.For) -> None:

@@ -39,7 +39,7 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
         return DeviceKind("auto")
     if chosen_index(visitor, expr) is not None:
         return DeviceKind("auto", "chosen index")
-    text = string_value(expr)
+    text = string_value(expr) if not isinstance(expr, cst.Name) else _constant_text(visitor, expr)
     if text is not None:
         if text in AUTO_DEVICE_STRINGS:
             return DeviceKind("auto")
@@ -83,6 +83,16 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
             return DeviceKind("auto")
         return DeviceKind("other", "device chosen by a condition accelify cannot map")
     return None
+
+
+def _constant_text(visitor: cst.MetadataDependent, name: cst.Name) -> Optional[str]:
+    """``device_str = "cuda"``, bound once in its scope to a string, then ``torch.device(device_str if
+    torch.cuda.is_available() else "cpu")`` (resnet1d): the string."""
+    scope = visitor.get_metadata(ScopeProvider, name, None)
+    values = assigned_values(visitor, name)
+    if scope is None or len(values) != 1 or len(scope[name.value]) != 1:
+        return None
+    return string_value(values[0])
 
 
 #: option and configuration attributes that hold the index of the one GPU a script trains on

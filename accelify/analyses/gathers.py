@@ -15,7 +15,7 @@ from libcst.metadata import GlobalScope, ParentNodeProvider, ScopeProvider
 
 from accelify.queries.blocks import enclosing_function, iter_statements, simple_assign
 from accelify.queries.loops import enumerate_counter, peel_iterable
-from accelify.queries.names import assigned_names, qualified_names, string_value
+from accelify.queries.names import assigned_names, code_of, qualified_names, string_value
 from accelify.queries.refs import assigned_values, ref_of
 from accelify.queries.walk import findall
 
@@ -285,6 +285,11 @@ def find_gather(visitor: cst.MetadataDependent, loop: cst.For, plan: Plan) -> Un
                     return (f"they read the batch and the outputs of `{unfollowed}`, which accelify does not follow "
                             "to a prepared model (it is not the model the script trains, or not only), so it has no "
                             "outputs it can gather")
+                branched = next((st for _, st in rows[:metrics[0] + 1] if isinstance(st, (cst.If, cst.Try)) and any(
+                    ref_of(visitor, c.func) in plan.flow["model"] for c in findall(st, m.Call()))), None)  # type: ignore[attr-defined]
+                if branched is not None:  # `if config['deep_supervision']: outputs = model(x) ... else: output = model(x)`
+                    return (f"the model runs inside `{_head(branched)}` (in its branches), and accelify places a "
+                            "gather only after an `output = model(...)` line of the loop's own body")
                 return "they read the batch, but no `output = model(...)` line gives accelify the outputs to gather"
             return "a metric reads the batch before the model's outputs exist, so no one gather can pair them"
         else:
@@ -623,3 +628,10 @@ def _statements(block: cst.BaseSuite) -> Sequence[tuple[cst.IndentedBlock, cst.B
         if isinstance(stmt, cst.With) and isinstance(stmt.body, cst.IndentedBlock):
             out.extend(_statements(stmt.body))
     return out
+
+
+def _head(statement: cst.BaseStatement) -> str:
+    """``if config['deep_supervision']:``, ``try:``: the first line of a compound statement."""
+    if isinstance(statement, cst.If):
+        return f"if {code_of(statement.test)}:"
+    return "try:"

@@ -179,6 +179,8 @@ def _prepared_inside(facts: Facts, plan: Plan, function: str, models: list[str],
             )
             return False
     plan.handed_in = models
+    plan.handed_refs = {ref_of(facts, bound[name]) for _, bound in sites for name in models  # type: ignore[misc]
+                        if isinstance(bound.get(name), cst.Name)}
     retried = next((call for call, _ in sites if under(facts, call, (cst.ExceptHandler,))), None)
     if retried is not None:
         facts.note(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ScopeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import ForeignFunction, called_function
@@ -160,6 +160,7 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
     plan.findings.extend(
         EarlyStops(facts, plan, facts.module, [*facts.loops, *facts.whiles], facts.exits, trust_gathers=True).findings()
     )
+    _swallowed_steps(facts, plan)
     refused = _wrapped_model_attributes(facts, plan) or _evaluated_by_one_process(facts, plan)
     refused = _container_models(facts, plan) or refused
     for call in facts.calls:
@@ -177,6 +178,46 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
             )
 
     return not refused
+
+
+#: exceptions every process meets at the same point (the end of an iterator) or that end the run
+_SHARED_EXCEPTIONS = frozenset({"StopIteration", "KeyboardInterrupt", "SystemExit"})
+
+
+def _swallowed_steps(facts: Facts, plan: Plan) -> None:
+    """ACC151 (a note): a backward inside ``try:`` in a loop, whose ``except`` goes on without raising (RetinaNet's
+    ``except Exception as e: print(e); continue``). One process that meets the error skips a step the others
+    take: their gradient all-reduces then pair different steps, or wait for it."""
+    seen: set[int] = set()
+    for call in facts.backwards:
+        child: cst.CSTNode = call
+        node = facts.get_metadata(ParentNodeProvider, call, None)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module, cst.For, cst.While)):
+            if isinstance(node, cst.Try) and child is node.body and id(node) not in seen:
+                seen.add(id(node))
+                handler = next((h for h in node.handlers if not findall(h.body, m.Raise()) and not (
+                    h.type is not None and {code_of(t.value if isinstance(t, cst.Element) else t) for t in (
+                        h.type.elements if isinstance(h.type, cst.Tuple) else [h.type])} <= _SHARED_EXCEPTIONS)), None)
+                if handler is not None and _in_a_loop(facts, node):
+                    facts.note(
+                        plan, handler, "ACC151",
+                        f"the training step (`{code_of(call)}`) runs inside `try:`, and this `except` goes on without "
+                        "raising: an error that one process meets alone (a bad sample, one GPU out of memory) makes it "
+                        "skip a step the others take, and from there their gradient all-reduces pair different steps "
+                        "or wait for it.",
+                        "let such errors stop the run (without the `try`), or decide to skip on every process alike "
+                        "(`accelerator.gather` the condition first).",
+                    )
+            child, node = node, facts.get_metadata(ParentNodeProvider, node, None)
+
+
+def _in_a_loop(facts: Facts, node: cst.CSTNode) -> bool:
+    node = facts.get_metadata(ParentNodeProvider, node, None)
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if isinstance(node, (cst.For, cst.While)):
+            return True
+        node = facts.get_metadata(ParentNodeProvider, node, None)
+    return False
 
 
 #: modules without a ``forward``: they only hold others

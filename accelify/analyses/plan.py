@@ -141,6 +141,8 @@ class Plan:
     late: dict[str, list[str]] = field(default_factory=dict)
     #: the models a setup function that builds its own loaders is handed and prepares (accelify.analyses.handed)
     handed_in: list[str] = field(default_factory=list)
+    #: the callers' names for those models (placed there before they are handed in: `prepare` moves them)
+    handed_refs: set = field(default_factory=set)
     #: per-batch schedulers sized from ``len(dataloader)`` before the objects are prepared: prepared with them
     sized_early: list[str] = field(default_factory=list)
     #: every ref of each kind, setup objects and helper parameters alike

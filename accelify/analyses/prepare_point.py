@@ -194,9 +194,19 @@ def _read_before(stmts: Sequence[cst.BaseStatement], name: str) -> bool:
             findall(part, m.Lambda() | m.ListComp() | m.GeneratorExp() | m.DictComp() | m.SetComp()) for part in parts
         ):
             return True
-        if binds(stmt, {name}):
+        if binds(stmt, {name}) and not _rebinds_from_itself(stmt, name):
             return False
     return False
+
+
+def _rebinds_from_itself(stmt: cst.BaseStatement, name: str) -> bool:
+    """``if device == "cuda": net = torch.nn.DataParallel(net)``: under a condition, every binding of ``name``
+    reads it (a wrapper around it): where ``name`` was unbound that reads it first, so it binds nothing new."""
+    if not isinstance(stmt, cst.If):
+        return False
+    assigns = [a for a in findall(stmt, m.Assign()) if any(
+        n.value == name for t in a.targets for n in findall(t.target, m.Name()))]  # type: ignore[attr-defined]
+    return bool(assigns) and all(findall(a.value, m.Name(name)) for a in assigns)  # type: ignore[attr-defined]
 
 
 def _only_copied(facts: Facts, call: cst.Call, core: set) -> bool:

@@ -18,6 +18,7 @@ Input: the facts (the module, its classes), the prepared models (``plan.models``
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -25,7 +26,7 @@ import libcst.matchers as m
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import called_class
-from accelify.queries.names import code_of, has_qname
+from accelify.queries.names import code_of, has_qname, qualified_names
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -51,14 +52,16 @@ def decide(facts: Facts, plan: Plan) -> None:
     for call in sorted(built, key=lambda c: code_of(c.func)):  # type: ignore[attr-defined]
         name = code_of(call.func)  # type: ignore[attr-defined]
         if name in classes:
-            if _runs_without_grad(facts, classes[name], frozen) and name not in plan.unused_parameters:
+            if (_runs_without_grad(facts, classes[name], frozen) or _idle_parts(facts, classes[name], classes)) \
+                    and name not in plan.unused_parameters:
                 plan.unused_parameters.append(name)
             continue
         # a model class of the project's other modules (`from models import Captioner`): read there
         found = called_class(facts, facts.module, facts.foreign, call.func)  # type: ignore[attr-defined]
         if found is not None and name not in plan.unused_parameters:
             cls, module, meta = found
-            if _runs_without_grad(meta, cls, _frozen_attributes(module)):
+            theirs = {c.name.value: c for c in module.body if isinstance(c, cst.ClassDef)}
+            if _runs_without_grad(meta, cls, _frozen_attributes(module)) or _idle_parts(meta, cls, theirs):
                 plan.unused_parameters.append(name)
     if plan.unused_parameters and FIND_UNUSED not in plan.ddp_kwargs:
         plan.ddp_kwargs.append(FIND_UNUSED)
@@ -83,6 +86,123 @@ def _runs_without_grad(facts: cst.MetadataDependent, cls: cst.ClassDef, frozen: 
                 if call.func.attr.value not in frozen:  # type: ignore[attr-defined]
                     return True
     return False
+
+
+#: torch.nn modules without parameters: one that never runs leaves no gradient missing
+_PARAMETER_FREE = re.compile(
+    r"^torch\.nn\.(Dropout\w*|AlphaDropout|FeatureAlphaDropout|ReLU6?|LeakyReLU|R?ReLU|ELU|SELU|CELU|GELU|SiLU|Mish|"
+    r"Sigmoid|Tanh|Softmax\w*|LogSoftmax|Softplus|Softsign|Softmin|Hardtanh|Hardswish|Hardsigmoid|Hardshrink|"
+    r"Softshrink|Tanhshrink|Threshold|LogSigmoid|GLU|\w*Pool\w*|Upsampl\w*|Flatten|Unflatten|Identity|Pixel\w*|"
+    r"\w*Pad\w*|Unfold|Fold|ChannelShuffle|\w*Loss)$")
+#: reads of a module's parts by name or by walking them: what they run cannot be told
+_DYNAMIC = frozenset({"getattr", "children", "named_children", "modules", "named_modules", "_modules", "__dict__"})
+
+
+def _idle_parts(facts: cst.MetadataDependent, cls: cst.ClassDef, classes: dict[str, cst.ClassDef],
+                seen: frozenset[str] = frozenset()) -> bool:
+    """A part of the model that ``forward`` never runs: ``self.s3 = Conv2D(...)`` in ``__init__`` that no method
+    ``forward`` reaches reads (MKDCNet's dilated-conv block), or a part of which it runs only pieces
+    (``self.backbone.layer1(x)`` and never ``self.backbone(x)``: a classifier head left over), in the class or in the
+    classes of its parts defined beside it. Its parameters get no gradient, and DDP waits for them."""
+    if cls.name.value in seen:
+        return False
+    methods = {f.name.value: f for f in cls.body.body if isinstance(f, cst.FunctionDef)} \
+        if isinstance(cls.body, cst.IndentedBlock) else {}
+    init, forward = methods.get("__init__"), methods.get("forward")
+    if init is None or forward is None:
+        return False
+    reached, todo = set(), ["forward"]
+    while todo:  # forward and the methods it calls (`self._forward_features(x)`)
+        name = todo.pop()
+        if name in methods and name not in reached:
+            reached.add(name)
+            todo += [c.func.attr.value for c in findall(methods[name], m.Call(  # type: ignore[attr-defined]
+                func=m.Attribute(value=m.Name("self"), attr=m.Name())))]
+    running = [methods[n] for n in reached]
+    if any(_dynamic(f) for f in running):
+        return False
+    parts: dict[str, cst.Call] = {}
+    for assign in findall(init, m.Assign(value=m.Call())):
+        for target in assign.targets:  # type: ignore[attr-defined]
+            if m.matches(target.target, m.Attribute(value=m.Name("self"), attr=m.Name())):
+                parts[target.target.attr.value] = assign.value  # type: ignore[attr-defined]
+    built_into = {id(n) for a in findall(init, m.Assign()) for n in findall(a.value, m.Attribute(  # type: ignore[attr-defined]
+        value=m.Name("self"), attr=m.Name()))}
+    for name, value in parts.items():
+        if not _holds_parameters(facts, value, classes):
+            continue
+        reads = [(f, n) for f in running for n in findall(f, m.Attribute(value=m.Name("self"), attr=m.Name(name)))]
+        if any(id(n) in built_into for n in findall(init, m.Attribute(value=m.Name("self"), attr=m.Name(name)))):
+            continue  # handed to another part (`nn.Sequential(self.conv, self.bn)`): that part decides
+        if not reads:
+            return True
+        if all(_piece_of(f, n) for f, n in reads) and _partly_run(facts, value, name, running):
+            return True
+        callee = value.func
+        if isinstance(callee, cst.Name) and callee.value in classes and _idle_parts(
+                facts, classes[callee.value], classes, seen | {cls.name.value}):
+            return True
+    return False
+
+
+def _dynamic(function: cst.FunctionDef) -> bool:
+    """``getattr(self, f"layer{i}")``, ``self.children()``: parts reached by name or by walking them."""
+    return any(isinstance(c.func, cst.Name) and c.func.value == "getattr" and c.args
+               and m.matches(c.args[0].value, m.Name("self")) for c in findall(function, m.Call())) or any(
+        n.attr.value in _DYNAMIC for n in findall(function, m.Attribute(value=m.Name("self"))))  # type: ignore[attr-defined]
+
+
+def _holds_parameters(facts: cst.MetadataDependent, value: cst.Call, classes: dict[str, cst.ClassDef]) -> bool:
+    """A part built by a class of the module (a module of the project), by ``torch.nn`` but for its classes
+    without parameters, or ``nn.Parameter``."""
+    if isinstance(value.func, cst.Name) and value.func.value in classes:
+        return True
+    names = qualified_names(facts, value.func)
+    return any(n.startswith("torch.nn.") and not _PARAMETER_FREE.match(n) and not n.startswith("torch.nn.functional.")
+               for n in names)
+
+
+_PARAMETERS = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+_CONTAINERS = frozenset({"torch.nn.ModuleDict", "torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ParameterDict",
+                         "torch.nn.ParameterList", "torch.nn.modules.container.ModuleDict",
+                         "torch.nn.modules.container.ModuleList", "torch.nn.modules.container.Sequential"})
+
+
+def _partly_run(facts: cst.MetadataDependent, value: cst.Call, name: str, running: list[cst.FunctionDef]) -> bool:
+    """A part ``forward`` reads only pieces of: some of it may never run. A container's pieces are its contents:
+    an ``nn.ModuleDict(dict(wte=..., h=...))`` (nanoGPT's ``self.transformer``) runs whole when every key it is
+    built with is read; a list or a sequence read by pieces (``for block in self.blocks``) counts as run."""
+    names = qualified_names(facts, value.func)
+    if names & _PARAMETERS:
+        return False  # `self.start.expand(...)`: a parameter is a tensor, any read of it uses it
+    if not names & _CONTAINERS:
+        return True  # `self.backbone.layer1(x)`: the backbone's other layers (its classifier) never run
+    keys = _literal_keys(value)
+    if keys is None:
+        return False
+    read = {a.attr.value for f in running for a in findall(f, m.Attribute(  # type: ignore[attr-defined]
+        value=m.Attribute(value=m.Name("self"), attr=m.Name(name)), attr=m.Name()))}
+    read |= {s.slice[0].slice.value.value.strip("'\"") for f in running for s in findall(f, m.Subscript(  # type: ignore[attr-defined]
+        value=m.Attribute(value=m.Name("self"), attr=m.Name(name)), slice=[m.SubscriptElement(m.Index(m.SimpleString()))]))}
+    return not keys <= read
+
+
+def _literal_keys(value: cst.Call) -> "set[str] | None":
+    """The keys of ``nn.ModuleDict(dict(a=..., b=...))`` or ``nn.ModuleDict({"a": ..., "b": ...})``; None otherwise."""
+    if len(value.args) != 1:
+        return None
+    inner = value.args[0].value
+    if isinstance(inner, cst.Call) and m.matches(inner.func, m.Name("dict")) and all(a.keyword for a in inner.args):
+        return {a.keyword.value for a in inner.args}  # type: ignore[union-attr]
+    if isinstance(inner, cst.Dict) and all(isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+                                           for e in inner.elements):
+        return {e.key.value.strip("'\"") for e in inner.elements}  # type: ignore[union-attr]
+    return None
+
+
+def _piece_of(function: cst.FunctionDef, read: cst.Attribute) -> bool:
+    """``self.backbone.layer1`` (a piece of the part), not ``self.backbone(x)`` or ``self.backbone`` handed on."""
+    return any(a.value is read for a in findall(function, m.Attribute()))
 
 
 def _tests(function: cst.FunctionDef) -> list[cst.CSTNode]:

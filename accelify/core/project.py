@@ -134,7 +134,8 @@ def delegated_training(source: str, sources: ProjectSources) -> Optional[tuple[i
         for imported in (match.group(2) or match.group(3)).split(","):
             name, _, local = (part.strip() for part in imported.strip().partition(" as "))
             local = local or name
-            if name in bodies and ".backward(" in bodies[name] and re.search(rf"\b{local}\s*\(", source[match.end():]):
+            # called (`train(...)`), or handed on to be called (TransUNet's `trainer = {'Synapse': trainer_synapse}`)
+            if name in bodies and ".backward(" in bodies[name] and re.search(rf"\b{local}\b", source[match.end():]):
                 return source.count("\n", 0, match.start()) + 1, name, module
     return None
 

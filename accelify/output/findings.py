@@ -173,6 +173,9 @@ FINDINGS: dict[str, str] = {
     "ACC150": "A `ReduceLROnPlateau` stepped on a value each process computes by the main process only, or where the "
     "Accelerator cannot be reached: every process must step it on the same value (ACC032 hands it the mean over the "
     "processes), or each would train with a learning rate of its own; file left unchanged.",
+    "ACC151": "The training step runs inside `try:` in the loop, and an `except` goes on without raising (RetinaNet's "
+    "`except Exception as e: print(e); continue`): an error one process meets alone makes it skip a step the others "
+    "take, and their gradient all-reduces then pair different steps or wait: converted, reported.",
 }
 
 
