@@ -163,3 +163,14 @@ def test_a_loader_handed_in_beside_one_it_builds_is_refused_for_the_handed_one()
     result = convert_source(source, "train.py")
     assert not result.changed
     assert [f.code for f in result.findings] == ["ACC123"] and "`train_loader`" in result.findings[0].message
+
+
+def test_a_method_of_the_model_called_after_the_last_training_is_refused() -> None:
+    """`model.use_checkpointing()` before training again is setup for that training; `model.save(...)` after the
+    last one would run on every process."""
+    source = OWN_LOADER.replace("    train(model, device, 2)\n", "    train(model, device, 2)\n    model.save('out.pt')\n")
+    result = convert_source(source, "train.py")
+    assert not result.changed and [f.code for f in result.findings] == ["ACC104"]
+    retried = OWN_LOADER.replace("    train(model, device, 2)\n",
+                                 "    train(model, device, 2)\n    model.eval()\n    train(model, device, 1)\n")
+    assert convert_source(retried, "train.py").changed

@@ -80,7 +80,7 @@ def relocate(facts: Facts, plan: Plan, optimizers: Optimizers) -> bool:
     function = plan.setup
     func = facts.functions[function]
     if _own_loader(facts, function) is not None:
-        return _prepared_inside(facts, plan, function, models, optimizers)
+        return _prepared_inside(facts, plan, function, models)
     first = min((a for a, _ in optimizers.values()), key=facts.line)
     why = _unsupported(facts, plan, function, optimizers)
     sites = facts.call_sites(function, func)
@@ -146,34 +146,35 @@ def _unsupported(facts: Facts, plan: Plan, function: str, optimizers: Optimizers
     return None
 
 
-def _prepared_inside(facts: Facts, plan: Plan, function: str, models: list[str], optimizers: Optimizers) -> bool:
+def _prepared_inside(facts: Facts, plan: Plan, function: str, models: list[str]) -> bool:
     """The function builds its own DataLoaders too (Milesial's U-Net: ``train_model(model, device, ...)``
     builds the dataset, the loaders, the optimizer and the scheduler): it stays the setup scope and
     prepares the models it is handed with them, at each call (called again after an out-of-memory error,
     it prepares the same model anew with new objects).  What a caller does with a model after handing it
-    is not converted, so it may only call the function again or a method of the model on its own line
-    (``model.use_checkpointing()``); False (ACC104) otherwise."""
+    is not converted, so it may only hand it to the function again, and call a method of it on its own line
+    before that (``model.use_checkpointing()``); False (ACC104) otherwise."""
     sites = facts.call_sites(function, facts.functions[function])
     first: dict[object, int] = {}
     for call, _ in sites:
         caller = key_at(facts, call)
         first[caller] = min(first.get(caller, facts.line(call)), facts.line(call))
     calls = {id(call) for call, _ in sites}
+    last = max((facts.line(call) for call, _ in sites), default=0)
     for call, bound in sites:
         caller = key_at(facts, call)
         for name in models:
             arg = bound.get(name)
             ref = ref_of(facts, arg) if isinstance(arg, cst.Name) else None
             later = next((n for n in findall(facts.module, m.Name(arg.value)) if ref_of(facts, n) == ref
-                          and facts.line(n) > first[caller] and not _reused(facts, n, calls)), None) if ref else None
+                          and facts.line(n) > first[caller] and not _reused(facts, n, calls, last)), None) if ref else None
             if later is None:
                 continue
             where = "the module's own code" if caller == MODULE else f"`{caller}`"
             facts.finding(
                 plan, later, "ACC104",
-                f"`{code_of(arg)}` is used in {where} after `{function}` has prepared and trained it: accelify prepares it in `{function}`, which builds the data and the optimizer, "
-                f"and does not convert what {where} does with it afterwards (every process would run it as "
-                "written). File not converted.",
+                f"`{code_of(arg)}` is used in {where} after `{function}` has prepared and trained it: accelify "
+                f"prepares it in `{function}`, which builds the data and the optimizer, and does not convert what "
+                f"{where} does with it afterwards (every process would run it as written). File not converted.",
                 f"move that code into `{function}` (after its training), or build the loaders and the optimizer "
                 f"where the model is built and hand them to `{function}`.",
             )
@@ -195,13 +196,14 @@ def _prepared_inside(facts: Facts, plan: Plan, function: str, models: list[str],
     return True
 
 
-def _reused(facts: Facts, name: cst.Name, calls: set[int]) -> bool:
-    """The model handed to the function again, or a method of it called on its own line."""
+def _reused(facts: Facts, name: cst.Name, calls: set[int], last: int) -> bool:
+    """The model handed to the function again, or a method of it called on its own line before the function's
+    last call (``model.use_checkpointing()`` before training again: not ``model.save(...)`` after the training)."""
     parent = facts.get_metadata(ParentNodeProvider, name, None)
     if isinstance(parent, cst.Arg):
         return id(facts.get_metadata(ParentNodeProvider, parent, None)) in calls
     call = facts.get_metadata(ParentNodeProvider, parent, None) if isinstance(parent, cst.Attribute) else None
-    return (isinstance(call, cst.Call) and call.func is parent
+    return (isinstance(call, cst.Call) and call.func is parent and facts.line(call) < last
             and isinstance(facts.get_metadata(ParentNodeProvider, call, None), cst.Expr))
 
 
