@@ -525,7 +525,6 @@ class RemovePlacement(AccelifyCodemod):
             args=[a.with_changes(value=target) if i == index else a for i, a in enumerate(call.args)]
         )
 
-
     def _handed_to_setup(self, call: cst.Call) -> bool:
         """``net = ViT_seg(...).cuda()`` (or ``net.cuda()``) in the caller of a function that prepares the model
         it is handed with its own loaders (accelify.analyses.handed)."""

@@ -174,3 +174,16 @@ def test_a_method_of_the_model_called_after_the_last_training_is_refused() -> No
     retried = OWN_LOADER.replace("    train(model, device, 2)\n",
                                  "    train(model, device, 2)\n    model.eval()\n    train(model, device, 1)\n")
     assert convert_source(retried, "train.py").changed
+
+
+def test_a_cuda_placement_of_the_handed_model_in_its_caller_stays() -> None:
+    """`model = Net().cuda()` in the caller of a function that prepares it: `prepare` moves it to
+    `accelerator.device`, so the caller's placement, which cannot reach the Accelerator, stays as written
+    (it was ACC109, a placement "left apart from the model")."""
+    source = OWN_LOADER.replace("    model = torch.nn.Linear(4, 2).to(device)\n",
+                                "    model = torch.nn.Linear(4, 2).cuda()\n")
+    assert source != OWN_LOADER
+    result = convert_source(source, "train.py")
+    assert result.changed and not result.findings, result.findings
+    assert "    model = torch.nn.Linear(4, 2).cuda()\n" in result.output
+    assert "train_loader, model, optimizer = accelerator.prepare(train_loader, model, optimizer)" in result.output

@@ -455,7 +455,7 @@ def training_data(facts: Facts, plan: Plan) -> bool:
                 or _drawn_through_wrapper(facts, plan, loops[-1]):
             continue
         early = _iterator_made_before(facts, plan, loops[-1])
-        if early is not None and not _seeded(facts, _TORCH_SEEDS):
+        if early is not None and not seeded(facts, TORCH_SEEDS):
             # (torch seeded, every process's DataLoader shuffles the same way and draws the same batches from it:
             # ACC124 below says so; a NumPy generator of its own shuffles no DataLoader)
             iterator, call = early
@@ -741,11 +741,11 @@ _SEEDS = frozenset({
 
 
 #: the seeds of the generator a DataLoader shuffles with
-_TORCH_SEEDS = frozenset({"torch.manual_seed", "torch.random.manual_seed", "accelerate.utils.set_seed",
+TORCH_SEEDS = frozenset({"torch.manual_seed", "torch.random.manual_seed", "accelerate.utils.set_seed",
                           "accelerate.utils.random.set_seed", "transformers.set_seed"})
 
 
-def _seeded(facts: Facts, seeds: frozenset = _SEEDS) -> bool:
+def seeded(facts: Facts, seeds: frozenset = _SEEDS) -> bool:
     """Does the file seed a random generator (then every process draws the same)?"""
     return any(has_qname(facts, c.func, seeds) for c in facts.calls)
 
@@ -755,7 +755,7 @@ def _unseeded_draw(facts: Facts, loops: list) -> Optional[cst.Call]:
     - n, ...)``) when the file seeds no generator: every process would draw differently. A draw counts in
     the training loops, before them in their scope, or in a function of the file they call (the batch
     generator); not in a function they never reach (sampling text after training: ``np.random.choice``)."""
-    if _seeded(facts):
+    if seeded(facts):
         return None
     relevant = _reached_functions(facts, loops) | _callers(facts, {(key_at(facts, lp) or "").split(".")[0] for lp in loops})
     # (a draw from a generator of its own, `torch.randint(..., generator=g)`, is the same on every process)

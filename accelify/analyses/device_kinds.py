@@ -10,11 +10,10 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ScopeProvider
 
 from accelify.queries.devices import AUTO_DEVICE_STRINGS, CPU_STRINGS, CURRENT_ACCELERATOR, TORCH_DEVICE
 from accelify.queries.names import has_qname, string_value
-from accelify.queries.refs import assigned_values, ref_of
+from accelify.queries.refs import bound_once, ref_of
 
 # --------------------------------------------------------------------------
 # devices
@@ -39,7 +38,9 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
         return DeviceKind("auto")
     if chosen_index(visitor, expr) is not None:
         return DeviceKind("auto", "chosen index")
-    text = string_value(expr) if not isinstance(expr, cst.Name) else _constant_text(visitor, expr)
+    # `device_str = "cuda"`, bound once, read in `torch.device(device_str if ... else "cpu")` (resnet1d)
+    constant = bound_once(visitor, expr) if isinstance(expr, cst.Name) else expr
+    text = string_value(constant) if constant is not None else None
     if text is not None:
         if text in AUTO_DEVICE_STRINGS:
             return DeviceKind("auto")
@@ -85,16 +86,6 @@ def classify_device(visitor: cst.MetadataDependent, expr: cst.BaseExpression) ->
     return None
 
 
-def _constant_text(visitor: cst.MetadataDependent, name: cst.Name) -> Optional[str]:
-    """``device_str = "cuda"``, bound once in its scope to a string, then ``torch.device(device_str if
-    torch.cuda.is_available() else "cpu")`` (resnet1d): the string."""
-    scope = visitor.get_metadata(ScopeProvider, name, None)
-    values = assigned_values(visitor, name)
-    if scope is None or len(values) != 1 or len(scope[name.value]) != 1:
-        return None
-    return string_value(values[0])
-
-
 #: option and configuration attributes that hold the index of the one GPU a script trains on
 GPU_INDEX_NAMES = frozenset({"gpu", "gpu_id", "gpuid", "gpu_index", "gpu_idx", "gpu_no", "gpu_num", "device_id",
                              "cuda_id", "cuda_device", "which_gpu", "gpu_device"})
@@ -104,11 +95,10 @@ def gpu_index_option(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -
     """``args.gpu_id`` (``opt.gpu``, ``cfg.device_id``): an option or configuration attribute named as a
     GPU index, directly or through a name bound to it once (``gpu = args.gpu``); the attribute."""
     if isinstance(expr, cst.Name):
-        values = assigned_values(visitor, expr)
-        scope = visitor.get_metadata(ScopeProvider, expr, None)
-        if len(values) != 1 or scope is None or len(scope[expr.value]) != 1:
+        bound = bound_once(visitor, expr)
+        if bound is None:
             return None
-        expr = values[0]
+        expr = bound
     if isinstance(expr, cst.Attribute) and expr.attr.value in GPU_INDEX_NAMES and isinstance(expr.value, cst.Name) \
             and expr.value.value not in ("self", "torch", "cuda"):
         return expr

@@ -21,8 +21,8 @@ from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import ForeignFunction, called_function
 from accelify.analyses.helpers import why_no_accelerator
 from accelify.analyses.ranks import under_main_process_check
-from accelify.queries.blocks import enclosing_function
-from accelify.queries.names import OPTIMIZER_NAME, code_of, qualified_names, root_name, star_imports
+from accelify.queries.blocks import enclosing_function, under
+from accelify.queries.names import MODULE_HOLDERS, OPTIMIZER_NAME, code_of, qualified_names, root_name, star_imports
 from accelify.queries.refs import ACCELERATOR_SPELLINGS, key_at, scope_key
 from accelify.queries.walk import findall
 
@@ -198,7 +198,7 @@ def _swallowed_steps(facts: Facts, plan: Plan) -> None:
                 handler = next((h for h in node.handlers if not findall(h.body, m.Raise()) and not (
                     h.type is not None and {code_of(t.value if isinstance(t, cst.Element) else t) for t in (
                         h.type.elements if isinstance(h.type, cst.Tuple) else [h.type])} <= _SHARED_EXCEPTIONS)), None)
-                if handler is not None and _in_a_loop(facts, node):
+                if handler is not None and under(facts, node, (cst.For, cst.While)):
                     facts.note(
                         plan, handler, "ACC151",
                         f"the training step (`{code_of(call)}`) runs inside `try:`, and this `except` goes on without "
@@ -211,18 +211,6 @@ def _swallowed_steps(facts: Facts, plan: Plan) -> None:
             child, node = node, facts.get_metadata(ParentNodeProvider, node, None)
 
 
-def _in_a_loop(facts: Facts, node: cst.CSTNode) -> bool:
-    node = facts.get_metadata(ParentNodeProvider, node, None)
-    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-        if isinstance(node, (cst.For, cst.While)):
-            return True
-        node = facts.get_metadata(ParentNodeProvider, node, None)
-    return False
-
-
-#: modules without a ``forward``: they only hold others
-_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.modules.container.ModuleList",
-                         "torch.nn.modules.container.ModuleDict"})
 
 
 def _container_models(facts: Facts, plan: Plan) -> bool:
@@ -235,7 +223,7 @@ def _container_models(facts: Facts, plan: Plan) -> bool:
     for ref in sorted(plan.flow.get("model", ())):
         for assign in facts.assigns.get(ref, []):
             value = assign.value
-            if isinstance(value, cst.Call) and qualified_names(facts, value.func) & _CONTAINERS:
+            if isinstance(value, cst.Call) and qualified_names(facts, value.func) & MODULE_HOLDERS:
                 name = ref[1]
                 facts.finding(
                     plan, assign, "ACC147",

@@ -20,20 +20,18 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from accelify.analyses.data import TORCH_SEEDS, seeded
 from accelify.analyses.facts import Facts
 from accelify.queries.names import code_of, has_qname
 
 if TYPE_CHECKING:
     from accelify.analyses.plan import Plan
 
-_TORCH_SEEDS = frozenset({
-    "torch.manual_seed", "torch.random.manual_seed", "accelerate.utils.set_seed", "accelerate.utils.random.set_seed",
-    "transformers.set_seed", "lightning.seed_everything", "pytorch_lightning.seed_everything",
-})
-_NUMPY_SEEDS = frozenset({
-    "numpy.random.seed", "accelerate.utils.set_seed", "accelerate.utils.random.set_seed", "transformers.set_seed",
-    "lightning.seed_everything", "pytorch_lightning.seed_everything",
-})
+#: what seeds every generator at once (torch's, NumPy's, Python's)
+_EVERY_GENERATOR = frozenset({"accelerate.utils.set_seed", "accelerate.utils.random.set_seed", "transformers.set_seed",
+                              "lightning.seed_everything", "pytorch_lightning.seed_everything"})
+_TORCH_SEEDS = TORCH_SEEDS | _EVERY_GENERATOR
+_NUMPY_SEEDS = frozenset({"numpy.random.seed"}) | _EVERY_GENERATOR
 #: the splits, the keyword that hands them a generator of their own and its position, and what seeds the
 #: generator they draw from when none is handed
 _SPLITS = {
@@ -52,7 +50,7 @@ def decide(facts: Facts, plan: Plan) -> bool:
         for names, (keyword, position, seeds, own, seed) in _SPLITS.items():
             if not has_qname(facts, call.func, names) or _given(call, keyword, position):
                 continue
-            if any(has_qname(facts, c.func, seeds) for c in facts.calls):
+            if seeded(facts, seeds):
                 continue
             found = True
             facts.finding(

@@ -26,7 +26,7 @@ import libcst.matchers as m
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.foreign import called_class
-from accelify.queries.names import code_of, has_qname, qualified_names
+from accelify.queries.names import MODULE_HOLDERS, code_of, has_qname, qualified_names
 from accelify.queries.walk import findall
 
 if TYPE_CHECKING:
@@ -128,15 +128,17 @@ def _idle_parts(facts: cst.MetadataDependent, cls: cst.ClassDef, classes: dict[s
                 parts[target.target.attr.value] = assign.value  # type: ignore[attr-defined]
     built_into = {id(n) for a in findall(init, m.Assign()) for n in findall(a.value, m.Attribute(  # type: ignore[attr-defined]
         value=m.Name("self"), attr=m.Name()))}
+    # what running code reads an attribute of: `self.backbone` in `self.backbone.layer1(x)` (a piece of the part)
+    pieces_read = {id(a.value) for f in running for a in findall(f, m.Attribute())}  # type: ignore[attr-defined]
     for name, value in parts.items():
         if not _holds_parameters(facts, value, classes):
             continue
-        reads = [(f, n) for f in running for n in findall(f, m.Attribute(value=m.Name("self"), attr=m.Name(name)))]
+        reads = [n for f in running for n in findall(f, m.Attribute(value=m.Name("self"), attr=m.Name(name)))]
         if any(id(n) in built_into for n in findall(init, m.Attribute(value=m.Name("self"), attr=m.Name(name)))):
             continue  # handed to another part (`nn.Sequential(self.conv, self.bn)`): that part decides
         if not reads:
             return True
-        if all(_piece_of(f, n) for f, n in reads) and _partly_run(facts, value, name, running):
+        if all(id(n) in pieces_read for n in reads) and _partly_run(facts, value, name, running):
             return True
         callee = value.func
         if isinstance(callee, cst.Name) and callee.value in classes and _idle_parts(
@@ -163,9 +165,8 @@ def _holds_parameters(facts: cst.MetadataDependent, value: cst.Call, classes: di
 
 
 _PARAMETERS = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
-_CONTAINERS = frozenset({"torch.nn.ModuleDict", "torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ParameterDict",
-                         "torch.nn.ParameterList", "torch.nn.modules.container.ModuleDict",
-                         "torch.nn.modules.container.ModuleList", "torch.nn.modules.container.Sequential"})
+_CONTAINERS = MODULE_HOLDERS | {"torch.nn.Sequential", "torch.nn.modules.container.Sequential", "torch.nn.ParameterDict",
+                                 "torch.nn.ParameterList"}
 
 
 def _partly_run(facts: cst.MetadataDependent, value: cst.Call, name: str, running: list[cst.FunctionDef]) -> bool:
@@ -198,11 +199,6 @@ def _literal_keys(value: cst.Call) -> "set[str] | None":
                                            for e in inner.elements):
         return {e.key.value.strip("'\"") for e in inner.elements}  # type: ignore[union-attr]
     return None
-
-
-def _piece_of(function: cst.FunctionDef, read: cst.Attribute) -> bool:
-    """``self.backbone.layer1`` (a piece of the part), not ``self.backbone(x)`` or ``self.backbone`` handed on."""
-    return any(a.value is read for a in findall(function, m.Attribute()))
 
 
 def _tests(function: cst.FunctionDef) -> list[cst.CSTNode]:

@@ -7,10 +7,9 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ScopeProvider
 
 from accelify.queries.names import DATALOADERS, assigned_names, qualified_names
-from accelify.queries.refs import assigned_values, ref_of
+from accelify.queries.refs import assigned_values, bound_once, ref_of
 
 
 def enclosing_loop_over(visitor: cst.MetadataDependent, node: cst.CSTNode, refs) -> Optional[cst.For]:
@@ -51,11 +50,9 @@ def peel_iterable(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> c
                 break
         if not isinstance(expr, cst.Name):
             break
-        values = assigned_values(visitor, expr)
-        scope = visitor.get_metadata(ScopeProvider, expr, None)
-        if len(values) != 1 or scope is None or len(scope[expr.value]) != 1:
+        value = bound_once(visitor, expr)
+        if value is None:
             break
-        value = values[0]
         wraps = isinstance(value, cst.Call) and value.args and (
             qualified_names(visitor, value.func) & {"builtins.enumerate", "enumerate", "builtins.iter", "iter"}
             or any(n == "tqdm" or n.startswith("tqdm.") for n in qualified_names(visitor, value.func))

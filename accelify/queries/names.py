@@ -51,6 +51,10 @@ def has_qname(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozense
     return bool(qualified_names(visitor, node) & names)
 
 
+#: modules without a ``forward``: they only hold others
+MODULE_HOLDERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.modules.container.ModuleList",
+                            "torch.nn.modules.container.ModuleDict"})
+
 #: schedulers that decide the learning rate from a value handed to each ``step`` (never prepared: Accelerate's
 #: wrapper would step one N times per call)
 PLATEAU_SCHEDULERS = frozenset({"torch.optim.lr_scheduler.ReduceLROnPlateau"})

@@ -98,6 +98,16 @@ def assigned_values(visitor: cst.MetadataDependent, name: cst.Name) -> list[cst.
     return values
 
 
+def bound_once(visitor: cst.MetadataDependent, name: cst.Name) -> Optional[cst.BaseExpression]:
+    """The value ``name`` is assigned, when its scope binds it exactly once, by ``name = value`` (``gpu =
+    args.gpu``, ``device_str = "cuda"``); None otherwise."""
+    values = assigned_values(visitor, name)
+    scope = visitor.get_metadata(ScopeProvider, name, None)
+    if len(values) != 1 or scope is None or len(scope[name.value]) != 1:
+        return None
+    return values[0]
+
+
 def receiver_refs(visitor: cst.MetadataDependent, expr: cst.BaseExpression) -> Iterator[Ref]:
     """Refs along a receiver chain: ``self.model.encoder[0]`` yields ``self.model``'s ref."""
     while True:
