@@ -13,6 +13,7 @@ from accelify.codemods.unwrap import UnwrapModelAttributes
 from .accelerator import AddAccelerator
 from .accelerator_param import AcceleratorParameter
 from .accumulation import GradientAccumulation
+from .apex_amp import ApexAmp
 from .backward import Backward
 from .base import AccelifyCodemod
 from .clipping import Clipping
@@ -70,7 +71,7 @@ CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     # traversal)
     RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, ModuleDevice, AcceleratorParameter,
     Prepare,
-    OptimizerStepClosure, GradientAccumulation, MixedPrecision, Backward, Clipping, Saving, Loading, UnwrapModelAttributes,
+    OptimizerStepClosure, GradientAccumulation, MixedPrecision, ApexAmp, Backward, Clipping, Saving, Loading, UnwrapModelAttributes,
     GatherForMetrics, PlateauMetric, MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,
     AddAccelerator,
     MainProcessOutput,

@@ -368,7 +368,10 @@ class RemovePlacement(AccelifyCodemod):
         models = self.plan.flow["model"]
         placed = False
         local = {s.name.value for s in module.body if isinstance(s, cst.FunctionDef)}
+        gone = self.plan.apex.removed if self.plan.apex is not None else set()  # apex's set-up: removed (ACC033)
         for stmt in block.body[:index]:
+            if id(stmt) in gone:
+                continue
             calls = [n for n in descendants(stmt, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) if isinstance(n, cst.Call)]
             if placed and any(self._runs(call, models, local) for call in calls):
                 return True

@@ -136,8 +136,8 @@ def main():
 
 main()
 """
-APEX = (
-    "    model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n",
+APEX = (  # two losses scaled apart: more than the Accelerator's mixed precision replaces (ACC033)
+    "    model, optimizer = amp.initialize(model, optimizer, opt_level='O1', num_losses=2)\n",
     "        with amp.scale_loss(loss, optimizer) as scaled:\n            scaled.backward()",
 )
 
@@ -178,7 +178,7 @@ def test_two_checks_that_build_nothing_are_both_named() -> None:
         "loader = DataLoader(dataset, batch_size=8, sampler=sampler)\n"
         "model = Net()\n"
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "model, optimizer = amp.initialize(model, optimizer)\n"
+        "model, optimizer = amp.initialize(model, optimizer, num_losses=2)\n"
         "total = 0.0\n"
         "for x, y in loader:\n"
         "    loss = criterion(model(x), y)\n"

@@ -636,15 +636,15 @@ def test_a_set_up_helper_something_calls_is_not_taken_for_dead():
 
 
 def test_zero_redundancy_and_apex_are_refused_with_what_accelerate_offers_instead():
-    """llm.c's `ZeroRedundancyOptimizer` (ZeRO stage 1 by hand: DeepSpeed's in Accelerate) and apex's
-    `amp.initialize` / `amp.scale_loss` (the prepared optimizer is another object, without apex's `_amp_stash`:
-    converted before, the script failed where apex read it)."""
+    """llm.c's `ZeroRedundancyOptimizer` (ZeRO stage 1 by hand: DeepSpeed's in Accelerate) and apex beyond
+    what ACC033 replaces (`amp.state_dict()` in a checkpoint: the prepared optimizer is another object, without
+    apex's `_amp_stash`)."""
     zero = convert((FIXTURES / "noop" / "ddp_zero_redundancy.py").read_text(encoding="utf-8"))
     [finding] = zero.findings
     assert "ZeRO stage 1" in finding.message and "DeepSpeed ZeRO stage 1" in finding.suggestion
-    apex = convert((FIXTURES / "noop" / "apex_amp.py").read_text(encoding="utf-8"))
+    apex = convert((FIXTURES / "noop" / "apex_state_dict.py").read_text(encoding="utf-8"))
     [finding] = apex.findings
-    assert finding.code == "ACC145" and finding.line == 13 and "`amp.initialize` is NVIDIA apex" in finding.message
+    assert finding.code == "ACC145" and finding.line == 21 and "`amp.state_dict` is NVIDIA apex" in finding.message
     assert 'mixed_precision="fp16"' in finding.suggestion
 
 

@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import (
+    FunctionScope, GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider,
+)
 
 from accelify.queries.names import has_qname, param_names  # noqa: F401 (param_names: imported from here by the analyses)
 from accelify.queries.records import RawFinding
-from accelify.queries.refs import Ref, assigned_values, key_at, ref_of
+from accelify.queries.refs import Ref, assigned_values, key_at, ref_of, scope_key
 from accelify.queries.training import direct_calls, trainer_functions
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ class Facts(cst.CSTVisitor):
         self.assigns: dict[Ref, list[cst.Assign]] = {}
         self.assign_key: dict[int, Optional[str]] = {}  # id(assign) -> key of the function it is in
         self.functions: dict[str, cst.FunctionDef] = {}  # module-level functions by name
+        self.nested: dict[str, cst.FunctionDef] = {}  # functions defined in a function, by key (``train.save``)
         self.classes: dict[str, cst.ClassDef] = {}  # module-level classes by name
         self.steps: list[cst.Call] = []
         self.backwards: list[cst.Call] = []
@@ -83,8 +86,11 @@ class Facts(cst.CSTVisitor):
         self.exits.append(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):
+        scope = self.get_metadata(ScopeProvider, node, None)
+        if isinstance(scope, GlobalScope):
             self.functions[node.name.value] = node
+        elif isinstance(scope, FunctionScope):
+            self.nested[f"{scope_key(scope)}.{node.name.value}"] = node
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         if isinstance(self.get_metadata(ScopeProvider, node, None), GlobalScope):

@@ -32,13 +32,18 @@ if TYPE_CHECKING:
 
 
 def flows(facts: Facts, plan: Plan) -> None:
-    """Which parameters of module-level functions receive loaders, models or devices."""
+    """Which parameters of module-level functions (and of functions defined in one, called there) receive
+    loaders, models or devices."""
     calls: dict[str, list[tuple[cst.Call, dict[str, cst.BaseExpression]]]] = {}
     funcs: dict[str, cst.FunctionDef] = {}
     for name, func in facts.functions.items():
         sites = facts.call_sites(name, func)
         if sites:
             calls[name], funcs[name] = sites, func
+    for key, func in facts.nested.items():  # `def save_model(model, path):` inside `train`, called there
+        sites = facts.call_sites(func.name.value, func)
+        if sites:
+            calls[key], funcs[key] = sites, func
     for name in facts.classes:
         init = _constructor(facts, name)
         sites = facts.call_sites(name, init, facts.classes[name]) if init is not None else []

@@ -39,26 +39,6 @@ AUTOCASTS = frozenset(
 )
 
 
-def apex(facts: Facts, plan: Plan) -> bool:
-    """False (ACC145) when the script uses NVIDIA apex (``model, optimizer = amp.initialize(...)``, ``with
-    amp.scale_loss(loss, optimizer) as scaled_loss:``, ``apex.parallel.DistributedDataParallel``): apex patches the
-    optimizer it is handed and scales the loss through it, and the optimizer ``prepare`` returns is another object
-    (it has no ``_amp_stash``): converted, the script would fail where apex reads it."""
-    for call in facts.calls:
-        names = qualified_names(facts, call.func)
-        if any(n.startswith(("apex.amp", "apex.parallel.DistributedDataParallel", "apex.fp16_utils")) for n in names):
-            # (apex.parallel.LARC wraps an optimizer and scales nothing: an optimizer wrapper, ACC118)
-            facts.finding(
-                plan, call, "ACC145", f"`{code_of(call.func)}` is NVIDIA apex: it patches the optimizer it is handed "
-                "and scales the loss through it, and the optimizer `accelerator.prepare` returns is another object "
-                "(converted, apex would fail reading it). File not converted.",
-                'drop apex for the Accelerator\'s mixed precision (`Accelerator(mixed_precision="fp16")`, '
-                "`accelerator.backward(loss)` for `amp.scale_loss`), then run accelify again",
-            )
-            return False
-    return True
-
-
 def decide(
     facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]], wrapped: bool, arguments: Arguments
 ) -> None:

@@ -23,6 +23,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from accelify.analyses import (
     accelerator,
+    apex,
     data,
     devices,
     distributed,
@@ -45,6 +46,7 @@ from accelify.analyses import (
 )
 
 # Names other modules import from here (the analyses lived in this module before they were split).
+from accelify.analyses.apex import ApexPlan
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods)
 from accelify.analyses.foreign import Foreign, Sources, called_function
 from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py)
@@ -102,6 +104,8 @@ class Plan:
     option_namespaces: frozenset[Ref] = frozenset()
     #: ``Accelerator(mixed_precision=<this>)`` when a GradScaler/autocast is replaced
     mixed_precision: Optional[str] = None
+    #: what ACC033 removes and replaces of NVIDIA apex (``accelify.analyses.apex``)
+    apex: Optional[ApexPlan] = None
     #: GradScaler names in the setup scope, replaced by the Accelerator's own scaling
     scalers: set[str] = field(default_factory=set)
     #: ``DistributedDataParallelKwargs`` the models need (``find_unused_parameters=True``)
@@ -200,8 +204,13 @@ class Plan:
         ACC002 no helper's ``device`` parameter becomes ``accelerator``."""
         if codes is None:
             return
-        if "ACC010" not in codes:
+        if "ACC010" not in codes and self.apex is None:
             self.mixed_precision, self.scalers = None, set()
+        if "ACC033" not in codes and self.apex is not None:  # apex left beside a prepared optimizer: not converted
+            self.mixed_precision, self.apex, self.convertible = None, None, False
+            self.findings.append(RawFinding(1, 1, "ACC145", "NVIDIA apex is left as it is (ACC033 is not selected): apex "
+                                            "patches the optimizer it is handed, and the one `accelerator.prepare` "
+                                            "returns is another object. File not converted.", "select ACC033 too."))
         if "ACC013" not in codes:
             self.accumulation_steps = None
         if "ACC002" not in codes:
@@ -390,7 +399,8 @@ def _decide(facts: Facts) -> Plan:
     passed.append(passed[0] and hazards.backwards_in_reach(facts, plan))
     passed += [check(facts, plan) for check in (
         data.training_data, data.rebound_loaders, helpers.mixed_loaders, data.loops_through_wrappers,
-        samplers.own_samplers, mixed_precision.apex)]
+        samplers.own_samplers)]
+    passed.append(apex.convert(facts, plan, arguments))
     if not plan.evaluation:
         wrapped = objects.optimizer_wrappers(facts, plan, in_owner, optimizers)
         mixed_precision.decide(facts, plan, in_owner, wrapped, arguments)

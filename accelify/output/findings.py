@@ -152,9 +152,10 @@ FINDINGS: dict[str, str] = {
     "device else 'cpu'`, `device = 'cuda'` overridable by `--device=cpu`): the setting no longer chooses the "
     "device, Accelerate does (each process its GPU, the CPU without one; `accelerate launch --cpu` for the CPU "
     "where there is a GPU): converted, reported.",
-    "ACC145": "NVIDIA apex (`amp.initialize`, `amp.scale_loss`, `apex.parallel.DistributedDataParallel`): apex patches "
-    "the optimizer it is handed and scales the loss through it, and the optimizer `prepare` returns is another "
-    "object: file left unchanged, with the suggestion to use the Accelerator's mixed precision instead.",
+    "ACC145": "NVIDIA apex used beyond what ACC033 replaces (its `DistributedDataParallel`, `amp.state_dict()` in a "
+    "checkpoint, several models, a branch doing more than apex): apex patches the optimizer it is handed and scales "
+    "the loss through it, and the optimizer `prepare` returns is another object: file left unchanged, with the "
+    "suggestion to use the Accelerator's mixed precision instead.",
     "ACC146": "An evaluation whose metrics no gather can collect (a top-k over the batch, a model call accelify "
     "does not follow, a value rebuilt batch after batch), over a loader only evaluations read: the loader is not "
     "prepared, and every process evaluates the whole set (metrics of the whole set, as in one process; N times "
@@ -176,6 +177,10 @@ FINDINGS: dict[str, str] = {
     "ACC151": "The training step runs inside `try:` in the loop, and an `except` goes on without raising (RetinaNet's "
     "`except Exception as e: print(e); continue`): an error one process meets alone makes it skip a step the others "
     "take, and their gradient all-reduces then pair different steps or wait: converted, reported.",
+    "ACC152": "apex's mixed precision became the Accelerator's (ACC033), and part of it does not carry over: an "
+    "`opt_level` other than O1 (Accelerate's fp16 is O1's autocast, with float32 weights), or a switch "
+    "(`if args.fp16:`) not known where the Accelerator is created (the launch chooses then: `accelerate launch "
+    "--mixed_precision fp16`): converted, reported.",
 }
 
 
