@@ -255,3 +255,72 @@ def _names_in(made: cst.CSTNode, before: cst.CSTNode) -> list[cst.Name]:
 
 def _ids_in(nodes) -> set[int]:
     return {id(n) for node in nodes for n in descendants(node)}
+
+
+#: methods a DataLoader's worker processes may run (there the Accelerator's state is not set up): left alone
+_WORKER_METHODS = frozenset({"__getitem__", "__getitems__", "__iter__", "__next__", "__len__", "__call__"})
+
+
+def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str, list[int]]]:
+    """ACC008 in a module of the project the converted script imports (a dataset whose ``__init__`` prints the
+    size of the data, a helper that prints what it loads): that code runs on every process, and cannot reach the
+    script's Accelerator. Its ``print(...)`` calls inside functions and methods become
+    ``PartialState().print(...)`` (the state every process shares with the Accelerator: printed on the main
+    process, as by ``accelerator.print``), with the import added. Left alone: the module's top (run at import),
+    methods a DataLoader's workers run (``__getitem__``), a ``print(..., file=f)``, and a module that binds
+    ``PartialState`` itself. Returns (the new text, the lines changed), or None when nothing changes."""
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+    from libcst.metadata import FunctionScope, MetadataWrapper, PositionProvider, QualifiedNameProvider, ScopeProvider
+
+    from .base import TARGET_MODULES
+
+    try:
+        wrapper = MetadataWrapper(cst.parse_module(source))
+    except (cst.ParserSyntaxError, RecursionError):
+        return None
+    tree = wrapper.module
+    if any(True for _ in descendants(tree, ()) if isinstance(_, cst.Name) and _.value == "PartialState"):
+        return None
+    chosen: set[int] = set()
+    lines: list[int] = []
+
+    class _Find(cst.CSTVisitor):
+        METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.functions: list[str] = []
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            self.functions.append(node.name.value)
+
+        def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+            self.functions.pop()
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if not (isinstance(node.func, cst.Name) and "builtins.print" in
+                    {q.name for q in self.get_metadata(QualifiedNameProvider, node.func, set())}):
+                return
+            if not self.functions or self.functions[-1] in _WORKER_METHODS or not isinstance(
+                    self.get_metadata(ScopeProvider, node, None), FunctionScope):
+                return
+            if any(a.keyword is not None and a.keyword.value == "file" for a in node.args):
+                return
+            chosen.add(id(node))
+            lines.append(self.get_metadata(PositionProvider, node).start.line)
+
+    wrapper.visit(_Find())
+    if not chosen:
+        return None
+
+    class _Rewrite(cst.CSTTransformer):
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+            if id(original_node) not in chosen:
+                return updated_node
+            return updated_node.with_changes(func=cst.parse_expression("PartialState().print"))
+
+    context = CodemodContext()
+    AddImportsVisitor.add_needed_import(context, TARGET_MODULES[target]["PartialState"], "PartialState")
+    rewritten = AddImportsVisitor(context).transform_module(tree.visit(_Rewrite()))
+    return rewritten.code, sorted(lines)

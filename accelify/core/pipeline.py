@@ -30,6 +30,7 @@ from accelify.codemods.world_size import ProcessGroupAttributes
 from accelify.core import joined
 from accelify.core.composite import Composite, plan_names
 from accelify.core.metadata import resolve
+from accelify.core.module_output import with_module_prints
 from accelify.core.precheck import cpython_error, without_analysis
 from accelify.core.result import TARGETS, Options, Result, brief, suppress
 from accelify.core.symbols import read_anywhere, undefined_names
@@ -101,6 +102,10 @@ def _convert_parsed(module: cst.Module, source: str, path: str, options: Options
         walk.activate(None)
     if alone and result.error is None and not result.changed and not result.findings:
         result.findings = training_elsewhere(source, path)  # silent otherwise: it trains nothing itself
+    try:
+        result = with_module_prints(result, module, options)
+    except Exception as exc:  # a bug of ours must never cost the user a file
+        return _internal_error(path, source, exc)
     result.findings = suppress(result.findings, source, options.findings)
     for companion in result.companions:
         companion.findings = suppress(companion.findings, companion.source, options.findings)
