@@ -42,6 +42,9 @@ class MainProcessOutput(AccelifyCodemod):
     ``print`` with no end of its own: ``accelerator.print(text, end="")``. thop's
     ``profile(model, inputs=...)`` (a FLOPs count, common in research code) prints a
     line per layer type it registers: it gets ``verbose=accelerator.is_main_process``.
+    The modules of the project the script imports print once too: their ``print``
+    calls in functions and methods (a dataset's ``__init__`` saying what it loaded)
+    become ``PartialState().print`` (:func:`module_prints`).
 
     Before::
 
@@ -267,7 +270,8 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
     script's Accelerator. Its ``print(...)`` calls inside functions and methods become
     ``PartialState().print(...)`` (the state every process shares with the Accelerator: printed on the main
     process, as by ``accelerator.print``), with the import added. Left alone: the module's top (run at import),
-    methods a DataLoader's workers run (``__getitem__``), a ``print(..., file=f)``, and a module that binds
+    methods a DataLoader's workers run (``__getitem__``, and what the module's code there calls), a
+    ``print(..., file=f)``, and a module that binds
     ``PartialState`` itself. Returns (the new text, the lines changed), or None when nothing changes."""
     from libcst.codemod import CodemodContext
     from libcst.codemod.visitors import AddImportsVisitor
@@ -284,16 +288,18 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
         return None
     chosen: set[int] = set()
     lines: list[int] = []
+    in_workers = _run_by_workers(tree)
 
     class _Find(cst.CSTVisitor):
         METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider)
 
         def __init__(self) -> None:
             super().__init__()
-            self.functions: list[str] = []
+            self.functions: list[bool] = []  # per function entered: do a DataLoader's workers run it?
 
         def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-            self.functions.append(node.name.value)
+            # (a worker method is in them; a function defined in one runs there too)
+            self.functions.append(id(node) in in_workers or (bool(self.functions) and self.functions[-1]))
 
         def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
             self.functions.pop()
@@ -302,7 +308,7 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
             if not (isinstance(node.func, cst.Name) and "builtins.print" in
                     {q.name for q in self.get_metadata(QualifiedNameProvider, node.func, set())}):
                 return
-            if not self.functions or self.functions[-1] in _WORKER_METHODS or not isinstance(
+            if not self.functions or self.functions[-1] or not isinstance(
                     self.get_metadata(ScopeProvider, node, None), FunctionScope):
                 return
             if any(a.keyword is not None and a.keyword.value == "file" for a in node.args):
@@ -324,3 +330,29 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
     AddImportsVisitor.add_needed_import(context, TARGET_MODULES[target]["PartialState"], "PartialState")
     rewritten = AddImportsVisitor(context).transform_module(tree.visit(_Rewrite()))
     return rewritten.code, sorted(lines)
+
+
+def _run_by_workers(tree: cst.Module) -> set[int]:
+    """Ids of the functions a DataLoader's worker processes may run: the worker methods of the module's classes
+    (``__getitem__``) and what they call of the module, by name (``load(path)``) or on ``self``, transitively.
+    In a worker started by ``spawn`` no state is shared: ``PartialState()`` there would set the processes up
+    again."""
+    functions = {s.name.value: s for s in tree.body if isinstance(s, cst.FunctionDef)}
+    classes = [s for s in tree.body if isinstance(s, cst.ClassDef)]
+    methods = {(c.name.value, s.name.value): s for c in classes for s in c.body.body if isinstance(s, cst.FunctionDef)}
+    stack = [(owner, f) for (owner, name), f in methods.items() if name in _WORKER_METHODS]
+    seen: set[int] = set()
+    while stack:
+        owner, func = stack.pop()
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        for call in descendants(func, ()):
+            if not isinstance(call, cst.Call):
+                continue
+            if isinstance(call.func, cst.Name) and call.func.value in functions:
+                stack.append((None, functions[call.func.value]))
+            elif (owner is not None and m.matches(call.func, m.Attribute(value=m.Name("self")))
+                  and (owner, call.func.attr.value) in methods):  # type: ignore[attr-defined]
+                stack.append((owner, methods[(owner, call.func.attr.value)]))  # type: ignore[attr-defined]
+    return seen

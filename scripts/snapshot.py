@@ -35,6 +35,9 @@ def record(out: str, folders: list[str]) -> None:
                 "output": hashlib.sha1(result.output.encode()).hexdigest()[:12],
                 "findings": [[f.line, f.code, f.message] for f in result.findings],
                 "error": result.error,
+                # the modules converted with it (joined, or their prints): each file's output
+                "companions": {c.path: hashlib.sha1(c.output.encode()).hexdigest()[:12] for c in result.companions
+                               if c.changed},
             }
     Path(out).write_text(json.dumps(rows, indent=1))
     print(f"{len(rows)} files, {sum(r['changed'] for r in rows.values())} changed")
@@ -54,6 +57,8 @@ def compare(a: str, b: str) -> int:
             continue
         if x["changed"] != y["changed"] or x["output"] != y["output"]:
             print(f"   output: changed {x['changed']} -> {y['changed']}, {x['output']} -> {y['output']}")
+        if x.get("companions", {}) != y.get("companions", {}):
+            print(f"   companions: {x.get('companions', {})} -> {y.get('companions', {})}")
         if x["error"] != y["error"]:
             print(f"   error: {x['error']} -> {y['error']}")
         gone = [f for f in x["findings"] if f not in y["findings"]]

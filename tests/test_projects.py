@@ -241,19 +241,22 @@ def test_a_module_that_reads_a_name_only_the_script_binds_stays_apart(tmp_path: 
 
 def test_a_module_the_script_imports_prints_once_unless_made_before_a_cpu_accelerator(tmp_path: Path) -> None:
     """fixtures/projects/dataset_prints: the dataset module's prints inside functions and methods become
-    `PartialState().print` (ACC008); its top, `__getitem__` and `print(..., file=...)` stay. Made before an
+    `PartialState().print` (ACC008); its top, `__getitem__` (and what it calls) and `print(..., file=...)` stay. Made before an
     `Accelerator(cpu=...)`, `PartialState()` would set the processes' state up without `cpu=` (Accelerate refuses
     to change it then): such a module is left as it is."""
     folder = copy_of(tmp_path, "dataset_prints")
     data = folder / "data.py"
     data.write_text(data.read_text().replace("import torch\n", "import sys\nimport torch\n\nprint('imported')\n", 1)
                     .replace("        return self.x[index], self.y[index]\n",
-                             "        print(index)\n        print(index, file=sys.stderr)\n        return self.x[index], self.y[index]\n"))
+                             "        print(index)\n        print(index, file=sys.stderr)\n        return self._pair(index)\n\n"
+                                     "    def _pair(self, index):\n        print('pair', index)\n"
+                                     "        return self.x[index], self.y[index]\n"))
     entry = folder / "train.py"
     result = convert_source(entry.read_text(), str(entry))
     [module] = result.companions
     assert module.output.count("PartialState().print(") == 2
     assert "\nprint('imported')\n" in module.output and "        print(index)\n" in module.output
+    assert "        print('pair', index)\n" in module.output  # called from `__getitem__`: a worker runs it
     assert [c.code for c in module.changes] == ["ACC008", "ACC008"]
     # an Accelerator that takes `cpu=`, with the dataset made before it: the module stays
     cpu = entry.read_text().replace("def main():\n", "def main(cpu=False):\n").replace(
