@@ -67,6 +67,7 @@ RUNNABLE = {
     "loaders_from_helper_runnable": Expect(evals=("Test set",)),
     "trainer_receives_objects": Expect(saves=("checkpoint.pt",)),
     "factory_runnable": Expect(saves=("checkpoint.pt",)),
+    "factory_dict": Expect(),
     "trainer_builds_optimizer": Expect(evals=("Test set", "after epoch"), invariant=("after epoch",)),
     "counters_on_device": Expect(evals=("Test set",)),
     "gather_batch_index": Expect(evals=("Test set",)),

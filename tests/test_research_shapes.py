@@ -190,3 +190,18 @@ def test_thop_profile_prints_on_the_main_process_only():
     own = KWS.replace("import argparse\n", "import argparse\n\n\ndef profile(m, inputs):\n    return 0, 0\n").replace(
         "    optimizer.step()\n", "    optimizer.step()\n    flops, params = profile(model, inputs=(data,))\n")
     assert "verbose=" not in convert(own).output
+
+
+def test_training_objects_returned_in_a_dict_are_prepared_where_the_caller_reads_them() -> None:
+    """Issue 26 §2, "models returned in a dict": `objects = create_objects(lr)`, then `model = objects["model"]`
+    and `optimizer = objects["optimizer"]` (fixtures/factory_dict, run on two processes by test_e2e_scripts); a dict
+    handed on whole (`**objects`, NeRF's render kwargs) cannot be followed key by key: ACC107 as before."""
+    from conftest import FIXTURES
+
+    source = (FIXTURES / "factory_dict" / "before.py").read_text(encoding="utf-8")
+    result = convert(source)
+    assert '    optimizer = objects["optimizer"]\n\n    loader, model, optimizer = accelerator.prepare(loader, model, optimizer)\n' \
+        in result.output
+    assert '    model = objects["model"]\n' in result.output
+    unread = source.replace('    optimizer = objects["optimizer"]\n', '    optimizer = objects.get("optimizer")\n')
+    assert [f.code for f in convert(unread).findings] == ["ACC107"]

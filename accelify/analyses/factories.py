@@ -13,11 +13,13 @@ The PyTorch DDP tutorial series (and many scripts after it) builds its objects i
         train_data = prepare_dataloader(dataset, batch_size)
         ...
 
-An Accelerator created in the factory would not reach the code that trains, so the objects are
-prepared where they are unpacked: the optimizers become the caller's names, each training the
+or returns them in a dict the caller reads key by key (``objects = build(cfg)``, ``model =
+objects["model"].to(device)``, ``optimizer = objects["optimizer"]``). An Accelerator created in the factory
+would not reach the code that trains, so the objects are prepared where they are unpacked: the optimizers become the caller's names, each training the
 caller's name for the model the factory returned at the same position.  Only for a plain
-module-level function with one ``return`` of names at its end, called once, as a statement that
-unpacks every returned value into plain names, returning nothing but its optimizers, the models
+module-level function with one ``return`` of names (or of a dict of names under string keys) at its end,
+called once, as a statement that unpacks every returned value into plain names (or binds the dict, read only
+as ``name = objects["key"]``), returning nothing but its optimizers, the models
 they train, and other values no analysis prepares (a dataset): a scheduler or a DataLoader it
 returned would need a decision this module does not make, so the file stays as it was (ACC107).
 
@@ -31,7 +33,7 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.facts import Facts
 from accelify.analyses.objects import Optimizers, _model_ref
@@ -51,29 +53,24 @@ def redirect(facts: Facts, optimizers: Optimizers) -> Optimizers:
     func = facts.functions.get(key)
     if func is None or func.decorators or findall(func.body, BACKWARD):
         return optimizers
-    returned = _returned_names(facts, func)
-    if returned is None:
+    seen_as = _unpacked(facts, func)
+    if seen_as is None:
         return optimizers
-    unpack = _single_unpacking_call(facts, func)
-    if unpack is None:
-        return optimizers
-    assign, targets = unpack
-    if len(targets) != len(returned):
-        return optimizers
-    position = {name: i for i, name in enumerate(returned)}
+    returned, caller = seen_as
     redirected: Optimizers = {}
     models: set[str] = set()
     for ref, (_, trained) in optimizers.items():
-        if ref[1] not in position:
+        if ref[1] not in caller:
             return optimizers  # an optimizer the factory keeps to itself
         new_models = []
         for model in trained:
             model_ref = _model_ref(facts, model)
-            if model_ref is None or model_ref[0] != key or model_ref[1] not in position:
+            if model_ref is None or model_ref[0] != key or model_ref[1] not in caller:
                 return optimizers  # it trains a model the caller never sees
             models.add(model_ref[1])
-            new_models.append(targets[position[model_ref[1]]])
-        caller_ref = ref_of(facts, targets[position[ref[1]]])
+            new_models.append(caller[model_ref[1]][1])
+        assign, target = caller[ref[1]]
+        caller_ref = ref_of(facts, target)
         if caller_ref is None:
             return optimizers
         redirected[caller_ref] = (assign, new_models)
@@ -81,6 +78,80 @@ def redirect(facts: Facts, optimizers: Optimizers) -> Optimizers:
     if any(not _plain_value(facts, key, name, {r[1] for r in optimizers}) for name in others):
         return optimizers
     return redirected
+
+
+def _unpacked(facts: Facts, func: cst.FunctionDef) -> Optional[tuple[list[str], dict[str, tuple[cst.Assign, cst.Name]]]]:
+    """What ``func`` returns (its names) and, for each the caller binds, the caller's assignment and name: ``a, b, c
+    = func(...)`` for ``return a, b, c``; ``objects = func(...)`` then ``model = objects["model"]`` (a method chain
+    after it allowed: ``objects["model"].to(device)``) for ``return {"model": model, ...}``, every use of
+    ``objects`` such a read. None for any other shape."""
+    returned = _returned_names(facts, func)
+    if returned is not None:
+        unpack = _single_unpacking_call(facts, func)
+        if unpack is None or len(unpack[1]) != len(returned):
+            return None
+        assign, targets = unpack
+        return returned, {name: (assign, target) for name, target in zip(returned, targets)}
+    keyed = _returned_dict(facts, func)
+    unpack = _single_unpacking_call(facts, func) if keyed is not None else None
+    if keyed is None or unpack is None or len(unpack[1]) != 1:
+        return None
+    holder = unpack[1][0]
+    reads = _keyed_reads(facts, holder)
+    if reads is None:
+        return None
+    caller = {keyed[k]: found for k, found in reads.items() if k in keyed}
+    if len(caller) != len(reads):
+        return None  # a key the factory does not return
+    return list(keyed.values()), caller
+
+
+def _returned_dict(facts: Facts, func: cst.FunctionDef) -> Optional[dict[str, str]]:
+    """``return {"model": model, "optimizer": optimizer}`` as the last statement and the only return: key -> name."""
+    returns = [r for r in findall(func.body, m.Return()) if _own(facts, r, func)]
+    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
+    if len(returns) != 1 or not body or not isinstance(returns[0].value, cst.Dict):
+        return None
+    last = body[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and last.body[0] is returns[0]):
+        return None
+    keyed: dict[str, str] = {}
+    for element in returns[0].value.elements:
+        if not (isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+                and isinstance(element.value, cst.Name)) or element.key.evaluated_value in keyed:
+            return None
+        keyed[str(element.key.evaluated_value)] = element.value.value
+    return keyed or None
+
+
+def _keyed_reads(facts: Facts, holder: cst.Name) -> Optional[dict[str, tuple[cst.Assign, cst.Name]]]:
+    """Every use of the dict ``holder`` (bound once) is ``name = holder["key"]`` (a method chain after the read
+    allowed), alone on its line, each key once: key -> (the assignment, its name)."""
+    scope = facts.get_metadata(ScopeProvider, holder, None)
+    if scope is None:
+        return None
+    bindings = list(scope.assignments[holder.value])
+    if len(bindings) != 1:
+        return None
+    reads: dict[str, tuple[cst.Assign, cst.Name]] = {}
+    for access in bindings[0].references:
+        read = facts.get_metadata(ParentNodeProvider, access.node, None)
+        if not (isinstance(read, cst.Subscript) and read.value is access.node and len(read.slice) == 1
+                and isinstance(read.slice[0].slice, cst.Index) and isinstance(read.slice[0].slice.value, cst.SimpleString)):
+            return None
+        key = str(read.slice[0].slice.value.evaluated_value)
+        value: cst.CSTNode = read
+        up = facts.get_metadata(ParentNodeProvider, value, None)
+        while isinstance(up, cst.Attribute) and up.value is value:  # objects["model"].to(device)
+            call = facts.get_metadata(ParentNodeProvider, up, None)
+            if not (isinstance(call, cst.Call) and call.func is up):
+                return None
+            value, up = call, facts.get_metadata(ParentNodeProvider, call, None)
+        if not (isinstance(up, cst.Assign) and up.value is value and len(up.targets) == 1
+                and isinstance(up.targets[0].target, cst.Name)) or key in reads:
+            return None
+        reads[key] = (up, up.targets[0].target)  # type: ignore[assignment]
+    return reads
 
 
 def _returned_names(facts: Facts, func: cst.FunctionDef) -> Optional[list[str]]:

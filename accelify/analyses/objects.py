@@ -525,7 +525,9 @@ def optimizer_wrappers(
     wrappers = []
     for ref, (assign, _) in optimizers.items():
         call = assign.value
-        names = qualified_names(facts, call.func)  # type: ignore[attr-defined]
+        if not isinstance(call, cst.Call):
+            continue  # `optimizer = objects["optimizer"]`: built by a factory (analyses/factories.py)
+        names = qualified_names(facts, call.func)
         if any(n.startswith("torch.optim.") for n in names):
             continue
         inner = [c for arg in call.args for c in findall(arg.value, m.Call())  # type: ignore[attr-defined]
