@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def record(out: str, folders: list[str]) -> None:
     root = Path(__file__).resolve().parent.parent
     rows = {}
     for base in [root / "fixtures", *map(Path, folders)]:
-        for path in sorted(base.rglob("*.py")):
+        for path in sorted([*base.rglob("*.py"), *_scripts_without_suffix(base)]):
             try:
                 source = path.read_text(encoding="utf-8")
             except (UnicodeDecodeError, OSError):
@@ -41,6 +42,17 @@ def record(out: str, folders: list[str]) -> None:
             }
     Path(out).write_text(json.dumps(rows, indent=1))
     print(f"{len(rows)} files, {sum(r['changed'] for r in rows.values())} changed")
+
+
+def _scripts_without_suffix(base: Path) -> list[Path]:
+    """Entry scripts a ``run.sh`` starts that have no ``.py`` (CycleGAN's ``train``)."""
+    found = []
+    for run in base.rglob("run.sh"):
+        for name in re.findall(r"python3?\s+(?:-\S+\s+)*([\w./-]+)", run.read_text(encoding="utf-8", errors="replace")):
+            path = run.parent / name
+            if path.suffix == "" and path.is_file():
+                found.append(path)
+    return found
 
 
 def compare(a: str, b: str) -> int:

@@ -268,3 +268,46 @@ def test_a_module_the_script_imports_prints_once_unless_made_before_a_cpu_accele
     assert "cpu=" in left.output and left.changed and not left.companions
     # selected away with ACC008: no module changes
     assert not convert_source(entry.read_text(), str(entry), Options(select=frozenset({"ACC001"}))).companions
+
+
+LOGGER = '''import sys
+
+
+class Logger:
+    def __init__(self, n_epochs):
+        self.n_epochs = n_epochs
+        self.batch = 0
+
+    def log(self, losses):
+        self.batch += 1
+        sys.stdout.write("\\rbatch %d -- " % self.batch)
+        self._line(losses)
+
+    def _line(self, losses):
+        for name, value in losses.items():
+            sys.stdout.write("%s: %.4f | " % (name, value.item()))
+
+    def count(self):
+        return self.batch
+'''
+
+
+@pytest.mark.parametrize("extra, wrapped", [("", True), ("    print(logger.count())\n", False)])
+def test_an_object_of_a_project_class_used_only_to_print_prints_on_the_main_process(tmp_path: Path, extra: str,
+                                                                                     wrapped: bool) -> None:
+    """CycleGAN's `logger = Logger(...)` of utils.py, `logger.log({...})` in the loop: its method redraws a progress
+    line on every process; as a statement of an object the script uses only that way it goes under the main-process
+    check. An object the script also reads (`logger.count()`) is left as it is."""
+    (tmp_path / "utils.py").write_text(LOGGER)
+    source = (folder := PROJECTS / "dataset_prints" / "before" / "train.py").read_text().replace(
+        "from data import Points, summary\n", "from data import Points, summary\nfrom utils import Logger\n").replace(
+        "    for epoch in range(2):\n", "    logger = Logger(2)\n    for epoch in range(2):\n").replace(
+        "            optimizer.step()\n", "            optimizer.step()\n            logger.log({'loss': loss})\n").replace(
+        "    with torch.no_grad():\n", extra + "    with torch.no_grad():\n")
+    (tmp_path / "data.py").write_text((folder.parent / "data.py").read_text())
+    entry = tmp_path / "train.py"
+    entry.write_text(source)
+    result = convert_source(source, str(entry))
+    assert result.changed
+    assert ("            if accelerator.is_main_process:\n                logger.log({'loss': loss})\n" in result.output) \
+        is wrapped

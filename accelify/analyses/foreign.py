@@ -358,3 +358,39 @@ def _imported(visitor, module: cst.Module, func: cst.BaseExpression, read):
         return None  # a name of this file
     found = [f for dotted, level in star_import_modules(module) if (f := read(dotted, func.value, level)) is not None]
     return found[0] if len(found) == 1 else None
+
+
+def console_methods(cls: cst.ClassDef, meta: _Metadata) -> set[str]:
+    """The methods of a project class that write to the console (``print``, ``sys.stdout.write``: CycleGAN's
+    ``Logger.log`` redraws its progress line), themselves or through the class's methods they call on ``self``,
+    and neither train nor synchronise (:data:`_TRAINS`)."""
+    methods = {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+
+    def own(func: cst.FunctionDef) -> tuple[bool, bool, set[str]]:
+        prints, trains, calls = False, False, set()
+        for call in findall(func.body, m.Call()):
+            names = qualified_names(meta, call.func)
+            if names & {"builtins.print", "print"} or any(n.startswith(("sys.stdout.", "sys.stderr.")) for n in names):
+                prints = True
+            if isinstance(call.func, cst.Attribute):
+                if call.func.attr.value in _TRAINS:
+                    trains = True
+                if m.matches(call.func.value, m.Name("self")) and call.func.attr.value in methods:
+                    calls.add(call.func.attr.value)
+        return prints, trains, calls
+
+    read = {name: own(func) for name, func in methods.items()}
+    found = set()
+    for name in methods:
+        seen, stack, prints, trains = set(), [name], False, False
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            p, t, calls = read[current]
+            prints, trains = prints or p, trains or t
+            stack.extend(calls)
+        if prints and not trains:
+            found.add(name)
+    return found

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
 from accelify.analyses import (
     accelerator,
@@ -48,7 +48,7 @@ from accelify.analyses import (
 # Names other modules import from here (the analyses lived in this module before they were split).
 from accelify.analyses.apex import ApexPlan
 from accelify.analyses.facts import KINDS, Facts, bind_arguments, param_names  # noqa: F401 (codemods)
-from accelify.analyses.foreign import Foreign, Sources, called_function
+from accelify.analyses.foreign import Foreign, Sources, called_class, called_function, console_methods
 from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.queries import walk
@@ -417,8 +417,10 @@ def _decide(facts: Facts) -> Plan:
 
 def foreign_writers(facts: Facts) -> set[int]:
     """Calls, as statements of their own, of functions of the project's other modules that write
-    files (``save_images(samples, path)`` of dome272's utils) or print (``progress_bar(i, n, msg)``):
-    every process would write them."""
+    files (``save_images(samples, path)`` of dome272's utils) or print (``progress_bar(i, n, msg)``),
+    and of the printing methods of an object of a project class the script uses only that way
+    (CycleGAN's ``logger = Logger(...)``, ``logger.log({...}, images={...})``): every process would
+    write them."""
     if facts.foreign is None:
         return set()
     found = set()
@@ -428,4 +430,35 @@ def foreign_writers(facts: Facts) -> set[int]:
             function = called_function(facts, facts.module, facts.foreign, call.func)
             if function is not None and (function.writes or function.prints):
                 found.add(id(call))
+    return found | _console_objects(facts)
+
+
+def _console_objects(facts: Facts) -> set[int]:
+    """``obj.method(...)`` statements, where ``obj`` is bound once to an object of a class of the project's other
+    modules, every use of it is such a statement, and the method prints (``foreign.console_methods``)."""
+    found: set[int] = set()
+    for (key, name), assigns in facts.assigns.items():
+        if len(assigns) != 1 or "." in name or not isinstance(assigns[0].value, cst.Call) or facts.single_target(
+                assigns[0]) != (key, name):
+            continue
+        read = called_class(facts, facts.module, facts.foreign, assigns[0].value.func)
+        if read is None:
+            continue
+        target = assigns[0].targets[0].target
+        scope = facts.get_metadata(ScopeProvider, target, None)
+        bindings = list(scope.assignments[name]) if scope is not None else []
+        if len(bindings) != 1:
+            continue
+        calls = []
+        for access in bindings[0].references:
+            attr = facts.get_metadata(ParentNodeProvider, access.node, None)
+            call = facts.get_metadata(ParentNodeProvider, attr, None) if attr is not None else None
+            statement = facts.get_metadata(ParentNodeProvider, call, None) if call is not None else None
+            if not (isinstance(attr, cst.Attribute) and attr.value is access.node and isinstance(call, cst.Call)
+                    and call.func is attr and isinstance(statement, cst.Expr)):
+                break
+            calls.append(call)
+        else:
+            printing = console_methods(read[0], read[2])
+            found |= {id(c) for c in calls if c.func.attr.value in printing}  # type: ignore[attr-defined]
     return found
