@@ -108,15 +108,11 @@ def _unpacked(facts: Facts, func: cst.FunctionDef) -> Optional[tuple[list[str], 
 
 def _returned_dict(facts: Facts, func: cst.FunctionDef) -> Optional[dict[str, str]]:
     """``return {"model": model, "optimizer": optimizer}`` as the last statement and the only return: key -> name."""
-    returns = [r for r in findall(func.body, m.Return()) if _own(facts, r, func)]
-    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
-    if len(returns) != 1 or not body or not isinstance(returns[0].value, cst.Dict):
-        return None
-    last = body[-1]
-    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and last.body[0] is returns[0]):
+    returned = _last_return(facts, func)
+    if returned is None or not isinstance(returned.value, cst.Dict):
         return None
     keyed: dict[str, str] = {}
-    for element in returns[0].value.elements:
+    for element in returned.value.elements:
         if not (isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
                 and isinstance(element.value, cst.Name)) or element.key.evaluated_value in keyed:
             return None
@@ -156,14 +152,10 @@ def _keyed_reads(facts: Facts, holder: cst.Name) -> Optional[dict[str, tuple[cst
 
 def _returned_names(facts: Facts, func: cst.FunctionDef) -> Optional[list[str]]:
     """``return a, b, c`` as the last statement and the only return: the names, in order."""
-    returns = [r for r in findall(func.body, m.Return()) if _own(facts, r, func)]
-    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
-    if len(returns) != 1 or not body:
+    returned = _last_return(facts, func)
+    if returned is None:
         return None
-    last = body[-1]
-    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and last.body[0] is returns[0]):
-        return None
-    value = returns[0].value
+    value = returned.value
     elements = value.elements if isinstance(value, cst.Tuple) else [value] if value is not None else []
     names = []
     for element in elements:
@@ -172,6 +164,18 @@ def _returned_names(facts: Facts, func: cst.FunctionDef) -> Optional[list[str]]:
             return None
         names.append(node.value)
     return names or None
+
+
+def _last_return(facts: Facts, func: cst.FunctionDef) -> Optional[cst.Return]:
+    """The function's one ``return`` (its own, not a nested function's), when it is its last statement."""
+    returns = [r for r in findall(func.body, m.Return()) if _own(facts, r, func)]
+    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
+    if len(returns) != 1 or not body:
+        return None
+    last = body[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and last.body[0] is returns[0]):
+        return None
+    return returns[0]
 
 
 def _own(facts: Facts, node: cst.CSTNode, func: cst.FunctionDef) -> bool:

@@ -24,6 +24,7 @@ import libcst as cst
 from accelify.codemods.main_process import module_prints
 from accelify.core.project import ProjectSources
 from accelify.core.result import Options, Result
+from accelify.core.unit import read_module
 from accelify.queries.names import code_of
 from accelify.queries.records import Change
 
@@ -43,7 +44,7 @@ def with_module_prints(result: Result, module: cst.Module, options: Options) -> 
         taken.add(os.path.realpath(found))
         if early is not None and (names is None or names & early):
             continue
-        text = _read(found)
+        text = read_module(found)
         done = module_prints(text, options.target) if text is not None else None
         if done is None:
             continue
@@ -93,11 +94,3 @@ def _used_before_the_accelerator(output: str) -> Optional[set[str]]:
             words |= set(re.findall(r"[A-Za-z_]\w*", line))
     return words
 
-
-def _read(path: str) -> Optional[str]:
-    """The module's text, its newlines as they are (CRLF kept); None when it cannot be read as UTF-8."""
-    try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None

@@ -284,7 +284,7 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
         dotted = statement.module
         if found.endswith("__init__.py"):  # `from tools import knn_monitor`, defined in tools/knn_monitor.py
             found, dotted = _through_package(found, statement, sources) or (found, dotted)
-        text = _read(found)
+        text = read_module(found)
         if text is None or not any(mark in text for mark in _MARKS):
             continue
         try:
@@ -493,7 +493,7 @@ def _module_attributes(tree: ast.Module, statement: ast.Import, alias: ast.alias
     if "." in alias.name and alias.asname is None:
         return None  # `import a.b` binds `a`: not followed
     found = sources.module_file(alias.name, 0)
-    text = _read(found) if found is not None else None
+    text = read_module(found) if found is not None else None
     if text is None or not any(mark in text for mark in _MARKS):
         return None
     try:
@@ -639,7 +639,7 @@ def _absolute(statement: ast.ImportFrom, package: str) -> Optional[str]:
 def _through_package(init: str, statement: ast.ImportFrom, sources: ProjectSources) -> Optional[tuple[str, str]]:
     """(the file, the module) of the one submodule a package's ``__init__`` takes every name of ``statement``
     from, under the same name (``from .knn_monitor import knn_monitor``); None otherwise."""
-    text = _read(init)
+    text = read_module(init)
     try:
         tree = ast.parse(text) if text is not None else None
     except (SyntaxError, ValueError, RecursionError):
@@ -786,7 +786,7 @@ def _display(entry: str, relative: str) -> str:
     return os.path.join(folder, relative) if folder else relative
 
 
-def _read(path: str) -> Optional[str]:
+def read_module(path: str) -> Optional[str]:
     """The module's text with its newlines as they are (utf-8; anything else is not read)."""
     try:
         with open(path, encoding="utf-8", newline="") as handle:
