@@ -7,6 +7,7 @@ from typing import Union
 import libcst as cst
 
 from accelify.analyses.plan import Plan
+from accelify.queries.names import code_of
 from accelify.queries.trees import remove_imports_of
 
 from .base import AccelifyCodemod
@@ -93,7 +94,7 @@ class ApexAmp(AccelifyCodemod):
             return dropped
         if id(original_node) not in self.plan.apex.collapsed or not isinstance(updated_node.orelse, cst.Else):  # type: ignore[union-attr]
             return updated_node
-        self.change(original_node, f"`if {self.code(original_node.test)}:` apex branch removed, its `else` kept")
+        self.change(original_node, f"`if {code_of(original_node.test)}:` apex branch removed, its `else` kept")
         kept = list(updated_node.orelse.body.body)  # type: ignore[union-attr]
         kept[0] = kept[0].with_changes(leading_lines=[*updated_node.leading_lines, *kept[0].leading_lines])
         return cst.FlattenSentinel(kept)
@@ -108,5 +109,3 @@ class ApexAmp(AccelifyCodemod):
         line = cst.parse_statement(f"{accelerator}.backward({loss})\n")
         return line.with_changes(leading_lines=updated_node.leading_lines)
 
-    def code(self, node: cst.CSTNode) -> str:
-        return cst.Module(body=[]).code_for_node(node)

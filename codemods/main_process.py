@@ -6,7 +6,11 @@ from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import (
+    FunctionScope, MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider,
+)
 
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import under_main_process_check
@@ -15,8 +19,9 @@ from accelify.queries.names import qualified_names
 from accelify.queries.refs import MODULE, key_at
 from accelify.queries.training import setup_blocks
 from accelify.queries.trees import descendants, rebuild_with, replace_in
+from accelify.queries.walk import findall
 
-from .base import AccelifyCodemod, accelerator_attr, with_keyword
+from .base import AccelifyCodemod, accelerator_attr, add_target_import, with_keyword
 
 _PRINT = frozenset({"builtins.print", "print"})
 _WRITES = {"sys.stdout.write": None, "sys.stderr.write": "sys.stderr"}
@@ -273,18 +278,12 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
     methods a DataLoader's workers run (``__getitem__``, and what the module's code there calls), a
     ``print(..., file=f)``, and a module that binds
     ``PartialState`` itself. Returns (the new text, the lines changed), or None when nothing changes."""
-    from libcst.codemod import CodemodContext
-    from libcst.codemod.visitors import AddImportsVisitor
-    from libcst.metadata import FunctionScope, MetadataWrapper, PositionProvider, QualifiedNameProvider, ScopeProvider
-
-    from .base import TARGET_MODULES
-
     try:
         wrapper = MetadataWrapper(cst.parse_module(source))
     except (cst.ParserSyntaxError, RecursionError):
         return None
     tree = wrapper.module
-    if any(True for _ in descendants(tree, ()) if isinstance(_, cst.Name) and _.value == "PartialState"):
+    if findall(tree, m.Name("PartialState")):
         return None
     chosen: set[int] = set()
     lines: list[int] = []
@@ -326,8 +325,8 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
                 return updated_node
             return updated_node.with_changes(func=cst.parse_expression("PartialState().print"))
 
-    context = CodemodContext()
-    AddImportsVisitor.add_needed_import(context, TARGET_MODULES[target]["PartialState"], "PartialState")
+    context = CodemodContext(scratch={"accelify.target": target})
+    add_target_import(context, "PartialState")
     rewritten = AddImportsVisitor(context).transform_module(tree.visit(_Rewrite()))
     return rewritten.code, sorted(lines)
 
@@ -347,9 +346,7 @@ def _run_by_workers(tree: cst.Module) -> set[int]:
         if id(func) in seen:
             continue
         seen.add(id(func))
-        for call in descendants(func, ()):
-            if not isinstance(call, cst.Call):
-                continue
+        for call in findall(func, m.Call()):
             if isinstance(call.func, cst.Name) and call.func.value in functions:
                 stack.append((None, functions[call.func.value]))
             elif (owner is not None and m.matches(call.func, m.Attribute(value=m.Name("self")))

@@ -83,11 +83,14 @@ def _apex_import(node: cst.CSTNode) -> bool:
     return False
 
 
+def _apex_call(facts: Facts, call: cst.Call) -> bool:
+    return any(n.startswith("apex.") and not n.startswith(_LARC) for n in qualified_names(facts, call.func))
+
+
 def convert(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
     """Plan apex's replacement by the Accelerator's mixed precision; False (ACC145) when apex is used in a
     way the Accelerator does not map."""
-    calls = [c for c in facts.calls if any(n.startswith("apex.") and not n.startswith(_LARC)
-                                           for n in qualified_names(facts, c.func))]
+    calls = [c for c in facts.calls if _apex_call(facts, c)]
     if not calls:
         return True  # (apex imported and not used: left as it is, as the original has it)
     imports = [i for i in findall(facts.module, m.Import() | m.ImportFrom()) if _apex_import(i)]
@@ -142,7 +145,10 @@ def convert(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
                 return refuse(call, "(`amp.master_params` outside an `if` whose `else` does the same without apex)")
         else:
             return refuse(call, "beyond `amp.initialize`, `amp.scale_loss` and `amp.master_params`")
-        (branches.__setitem__(id(where), where) if where is not None else loose.append(call))
+        if where is not None:
+            branches[id(where)] = where
+        else:
+            loose.append(call)
     for node in imports:
         where = branch(node)
         line = parent(node)
@@ -155,7 +161,10 @@ def convert(facts: Facts, plan: Plan, arguments: Arguments) -> bool:
             continue  # at the top: removed once unused
         else:
             found.removed.add(id(line))
-        (branches.__setitem__(id(where), where) if where is not None else loose.append(node))
+        if where is not None:
+            branches[id(where)] = where
+        else:
+            loose.append(node)
     if not initializes:
         return refuse(calls[0], "with no `amp.initialize` accelify can follow")
     tests = {"".join(code_of(b.test).split()) for b in branches.values()}
@@ -223,7 +232,7 @@ def _same_but_apex(facts: Facts, test: cst.If, found: ApexPlan) -> bool:
     a ``with amp.scale_loss(loss, ...)`` against ``loss.backward()``, or the same code around one
     ``amp.master_params(...)``."""
     body, other = test.body.body, test.orelse.body.body  # type: ignore[union-attr]
-    if len(body) != len(other):
+    if len(body) != len(other) or any(_apex_call(facts, c) for c in findall(test.orelse, m.Call())):
         return False
     for mine, theirs in zip(body, other):
         text, plain = code_of(mine).strip(), code_of(theirs).strip()
@@ -238,9 +247,6 @@ def _same_but_apex(facts: Facts, test: cst.If, found: ApexPlan) -> bool:
             return False
         head, _, tail = text.partition(code_of(masters[0]))
         if not (plain.startswith(head) and plain.endswith(tail) and len(plain) > len(head) + len(tail)):
-            return False
-        if findall(theirs, m.Call()) and any(any(n.startswith("apex.") for n in qualified_names(facts, c.func))
-                                             for c in findall(theirs, m.Call())):
             return False
     return True
 

@@ -35,7 +35,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
-from accelify.analyses.facts import Facts
+from accelify.analyses.facts import Facts, chain_root
 from accelify.analyses.objects import Optimizers, _model_ref
 from accelify.queries.names import DATALOADERS, has_qname
 from accelify.queries.refs import ref_of
@@ -136,14 +136,10 @@ def _keyed_reads(facts: Facts, holder: cst.Name) -> Optional[dict[str, tuple[cst
                 and isinstance(read.slice[0].slice, cst.Index) and isinstance(read.slice[0].slice.value, cst.SimpleString)):
             return None
         key = str(read.slice[0].slice.value.evaluated_value)
-        value: cst.CSTNode = read
-        up = facts.get_metadata(ParentNodeProvider, value, None)
-        while isinstance(up, cst.Attribute) and up.value is value:  # objects["model"].to(device)
-            call = facts.get_metadata(ParentNodeProvider, up, None)
-            if not (isinstance(call, cst.Call) and call.func is up):
-                return None
-            value, up = call, facts.get_metadata(ParentNodeProvider, call, None)
-        if not (isinstance(up, cst.Assign) and up.value is value and len(up.targets) == 1
+        up = facts.get_metadata(ParentNodeProvider, read, None)
+        while isinstance(up, (cst.Attribute, cst.Call)):  # objects["model"].to(device)
+            up = facts.get_metadata(ParentNodeProvider, up, None)
+        if not (isinstance(up, cst.Assign) and chain_root(up.value) is read and len(up.targets) == 1
                 and isinstance(up.targets[0].target, cst.Name)) or key in reads:
             return None
         reads[key] = (up, up.targets[0].target)  # type: ignore[assignment]

@@ -220,6 +220,11 @@ _COMPUTES = frozenset({"int", "float", "str", "len", "range", "min", "max", "abs
                        "enumerate", "zip", "sum", "append", "join", "split", "strip", "ljust", "rjust"})
 
 
+def _to_console(names: set[str]) -> bool:
+    """A call's qualified names: ``print``, ``sys.stdout.write``, ``sys.stderr.write``."""
+    return bool(names & {"builtins.print", "print"}) or any(n.startswith(("sys.stdout.", "sys.stderr.")) for n in names)
+
+
 def _console_only(module: cst.Module, meta: _Metadata, func: cst.FunctionDef, seen: frozenset = frozenset()) -> bool:
     """Does ``func`` print and do nothing else (see the module's docstring: ``prints``)?"""
     prints = False
@@ -227,7 +232,7 @@ def _console_only(module: cst.Module, meta: _Metadata, func: cst.FunctionDef, se
         return False
     for call in findall(func.body, m.Call()):
         names = qualified_names(meta, call.func)
-        if names & {"builtins.print", "print"} or any(n.startswith(("sys.stdout.", "sys.stderr.")) for n in names):
+        if _to_console(names):
             prints = True
             continue
         if any(n.startswith(("time.", "math.")) for n in names) or (
@@ -369,8 +374,7 @@ def console_methods(cls: cst.ClassDef, meta: _Metadata) -> set[str]:
     def own(func: cst.FunctionDef) -> tuple[bool, bool, set[str]]:
         prints, trains, calls = False, False, set()
         for call in findall(func.body, m.Call()):
-            names = qualified_names(meta, call.func)
-            if names & {"builtins.print", "print"} or any(n.startswith(("sys.stdout.", "sys.stderr.")) for n in names):
+            if _to_console(qualified_names(meta, call.func)):
                 prints = True
             if isinstance(call.func, cst.Attribute):
                 if call.func.attr.value in _TRAINS:
