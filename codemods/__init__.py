@@ -33,6 +33,7 @@ from .optimizer_step import OptimizerStepClosure
 from .placement import RemovePlacement
 from .plateau_metric import PlateauMetric
 from .prepare import Prepare
+from .rank_helpers import RankHelpers
 from .saving import Saving
 from .seeding import Seeding
 from .setup_helper import SetUpHelper
@@ -59,6 +60,7 @@ from .world_size import ProcessGroupAttributes
 # 5. the Accelerator near the end: it goes before the first statement that uses it, which the
 #    earlier passes create;
 # 6. main-process output after it: a `print` before the Accelerator exists must stay a print.
+# RankHelpers rewrites the bodies of the script's own rank helpers, which the distributed pass leaves (guarded).
 # ModuleDevice rewrites a device chosen at the module's top, whose uses the other passes leave as they are.
 # LauncherDevices removes the script's CUDA_VISIBLE_DEVICES before the device codemod replaces the
 # device next to it; CountersOnDevice, HostInputs, ConsoleHelpers and SyncedSkip name the Accelerator, so they come
@@ -69,7 +71,7 @@ from .world_size import ProcessGroupAttributes
 CODEMODS: tuple[type[AccelifyCodemod], ...] = (
     SpawnLaunch, SetUpHelper, ProcessGroupAttributes,  # (before the analysis, on the file as written: never in the
     # traversal)
-    RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, ModuleDevice, AcceleratorParameter,
+    RemovePlacement, DataParallel, Distributed, LauncherDevices, RemoveDevice, ModuleDevice, RankHelpers, AcceleratorParameter,
     Prepare,
     OptimizerStepClosure, GradientAccumulation, MixedPrecision, ApexAmp, Backward, Clipping, Saving, Loading, UnwrapModelAttributes,
     GatherForMetrics, PlateauMetric, MainProcessFiles, SyncedSkip, Seeding, NumpyOnCpu, CountersOnDevice, HostInputs, HostBatchParts, SplitInference, ConsoleHelpers,

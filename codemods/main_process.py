@@ -20,6 +20,7 @@ from accelify.queries.refs import MODULE, key_at
 from accelify.queries.training import setup_blocks
 from accelify.queries.trees import descendants, rebuild_with, replace_in
 from accelify.queries.walk import findall
+from accelify.queries.workers import run_by_workers
 
 from .base import AccelifyCodemod, accelerator_attr, add_target_import, with_keyword
 
@@ -265,10 +266,6 @@ def _ids_in(nodes) -> set[int]:
     return {id(n) for node in nodes for n in descendants(node)}
 
 
-#: methods a DataLoader's worker processes may run (there the Accelerator's state is not set up): left alone
-_WORKER_METHODS = frozenset({"__getitem__", "__getitems__", "__iter__", "__next__", "__len__", "__call__"})
-
-
 def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str, list[int]]]:
     """ACC008 in a module of the project the converted script imports (a dataset whose ``__init__`` prints the
     size of the data, a helper that prints what it loads): that code runs on every process, and cannot reach the
@@ -287,7 +284,7 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
         return None
     chosen: set[int] = set()
     lines: list[int] = []
-    in_workers = _run_by_workers(tree)
+    in_workers = run_by_workers(tree)
 
     class _Find(cst.CSTVisitor):
         METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider)
@@ -329,27 +326,3 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
     add_target_import(context, "PartialState")
     rewritten = AddImportsVisitor(context).transform_module(tree.visit(_Rewrite()))
     return rewritten.code, sorted(lines)
-
-
-def _run_by_workers(tree: cst.Module) -> set[int]:
-    """Ids of the functions a DataLoader's worker processes may run: the worker methods of the module's classes
-    (``__getitem__``) and what they call of the module, by name (``load(path)``) or on ``self``, transitively.
-    In a worker started by ``spawn`` no state is shared: ``PartialState()`` there would set the processes up
-    again."""
-    functions = {s.name.value: s for s in tree.body if isinstance(s, cst.FunctionDef)}
-    classes = [s for s in tree.body if isinstance(s, cst.ClassDef)]
-    methods = {(c.name.value, s.name.value): s for c in classes for s in c.body.body if isinstance(s, cst.FunctionDef)}
-    stack = [(owner, f) for (owner, name), f in methods.items() if name in _WORKER_METHODS]
-    seen: set[int] = set()
-    while stack:
-        owner, func = stack.pop()
-        if id(func) in seen:
-            continue
-        seen.add(id(func))
-        for call in findall(func, m.Call()):
-            if isinstance(call.func, cst.Name) and call.func.value in functions:
-                stack.append((None, functions[call.func.value]))
-            elif (owner is not None and m.matches(call.func, m.Attribute(value=m.Name("self")))
-                  and (owner, call.func.attr.value) in methods):  # type: ignore[attr-defined]
-                stack.append((owner, methods[(owner, call.func.attr.value)]))  # type: ignore[attr-defined]
-    return seen

@@ -46,6 +46,9 @@ CASES = {
     "ddp_process_loop_runnable": ("spawn", 8, 16),
     # WZMIAOMIAO's launched example: counts summed by a helper of the file, divided by the sampler's total_size
     "ddp_helper_reduced_runnable": ("torchrun", 8, 16),
+    # the torchvision references' rank helpers (ACC034): `get_rank()`/`get_world_size()` of the file, asking
+    # torch.distributed when a group exists, return PartialState's answers
+    "ddp_rank_helpers_runnable": ("torchrun", 8, 16),
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 

@@ -38,6 +38,7 @@ from accelify.analyses import (
     option_devices,
     prepare_point,
     random_splits,
+    rank_helpers,
     samplers,
     schedulers,
     unsharded,
@@ -162,6 +163,9 @@ class Plan:
     accelerator_classes: set[str] = field(default_factory=set)
     #: a script that managed its own processes (torchrun, DDP): what Accelerate takes over
     distributed: Optional[distributed.Distributed] = None
+    #: ids of the script's own rank helpers (``get_rank()`` asking torch.distributed when a group exists) -> the
+    #: ``PartialState`` attribute each returns now (ACC034, accelify.analyses.rank_helpers)
+    rank_helpers: dict[int, str] = field(default_factory=dict)
     findings: list[RawFinding] = field(default_factory=list)
 
     @property
@@ -408,6 +412,7 @@ def _decide(facts: Facts) -> Plan:
     passed.append(hazards.multi_process(facts, plan))
     unused_parameters.decide(facts, plan)
     plan.foreign_writers = foreign_writers(facts)
+    plan.rank_helpers = rank_helpers.decide(facts, plan, [a for a, _ in optimizers.values()])
     plan.complete = True
     plan.convertible = all(passed)
     if plan.convertible:
