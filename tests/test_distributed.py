@@ -168,3 +168,53 @@ def test_a_local_rank_option_may_default_to_the_launchers_local_rank(default):
     assert f"default={default})" in result.output
     assert "if accelerator.is_local_main_process:" in result.output
     assert "init_process_group" not in result.output and "DistributedSampler" not in result.output
+
+
+@pytest.mark.parametrize("call", ["dist.all_reduce(t, dist.ReduceOp.SUM, async_op=False)",
+                                  "dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=False)"])
+def test_an_all_reduce_that_says_it_blocks_is_a_plain_sum(call):
+    """The ImageNet example's meters: ``async_op=False`` is what ``all_reduce`` does anyway (it was refused as
+    "asynchronous")."""
+    _, result = convert(f"""\
+        dist.init_process_group("nccl")
+        loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+        t = torch.ones(1)
+        {call}
+        """)
+    assert result.error is None and not result.findings, result.findings
+    assert 't = accelerator.reduce(t, reduction="sum")' in result.output and "async_op" not in result.output
+
+
+def test_a_count_only_the_spawn_read_goes_with_it():
+    """The DDP tutorials' ``world_size = torch.cuda.device_count()`` (and ``world_size = n_gpus``) before
+    ``mp.spawn(main, args=(world_size, ...), nprocs=world_size)``: nothing reads it once the launch goes."""
+    source = textwrap.dedent("""\
+        import torch
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        def main(rank, world_size, epochs):
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            model = DDP(Net())
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            dist.destroy_process_group()
+
+
+        if __name__ == "__main__":
+            n_gpus = torch.cuda.device_count()
+            world_size = n_gpus
+            print(f"{world_size} GPUs" if {kept} else "")
+            mp.spawn(main, args=(world_size, 3), nprocs=world_size)
+        """)
+    gone = convert_source(source.replace("{kept}", "False").replace(
+        '    print(f"{world_size} GPUs" if False else "")\n', ""), "train.py")
+    assert gone.error is None and "device_count" not in gone.output and "world_size =" not in gone.output
+    assert "    main(3)\n" in gone.output
+    kept = convert_source(source.replace("{kept}", "True"), "train.py")  # read by a print too: it stays
+    assert "n_gpus = torch.cuda.device_count()" in kept.output and "world_size = n_gpus" in kept.output

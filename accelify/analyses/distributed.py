@@ -456,7 +456,34 @@ def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> 
             dist.ranks[(key, param)] = "num_processes"
             gone.append(param)
     dist.spawn = (id(statement), key, gone)
+    if isinstance(nprocs, cst.Name):
+        _launch_count(facts, dist, nprocs, {id(call)})
     return None
+
+
+#: what the value of a count only a launch reads may call: the GPUs, the environment, arithmetic
+_COUNTS = frozenset({"int", "len", "min", "max", "os.getenv", "os.environ.get", "torch.cuda.device_count"})
+
+
+def _launch_count(facts: Facts, dist: Distributed, count: cst.Name, within: set[int]) -> None:
+    """``world_size = torch.cuda.device_count()`` that only ``mp.spawn(..., nprocs=world_size)`` (``within``) reads goes
+    with the launch (the tutorials' ``__main__``), and so does a count only that line reads (``world_size = n_gpus``):
+    left, they would count the GPUs for nothing."""
+    ref = ref_of(facts, count)
+    assigns = facts.assigns.get(ref, []) if ref is not None else []
+    if len(assigns) != 1 or len(assigns[0].targets) != 1 or not isinstance(assigns[0].targets[0].target, cst.Name):
+        return
+    line = facts.get_metadata(ParentNodeProvider, assigns[0], None)
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return
+    if any(not (qualified_names(facts, c.func) & _COUNTS) for c in findall(assigns[0].value, m.Call())):
+        return
+    target = assigns[0].targets[0].target
+    reads = [n for n in findall(facts.module, m.Name(count.value)) if n is not target and ref_of(facts, n) == ref]
+    if all(inside(facts, n, within) for n in reads):
+        dist.remove.add(id(line))
+        if isinstance(assigns[0].value, cst.Name):
+            _launch_count(facts, dist, assigns[0].value, within | {id(line)})
 
 
 def _process_loop(facts: Facts, dist: Distributed, call: cst.Call) -> Optional[Why]:
@@ -719,9 +746,10 @@ def _in_parameter_loop(facts: Facts, node: cst.CSTNode) -> bool:
 
 
 def reduce_op(visitor: cst.MetadataDependent, call: cst.Call) -> Optional[str]:
-    """``"sum"`` / ``"mean"`` for ``all_reduce(t)``, ``all_reduce(t, op=ReduceOp.SUM)``, ...; None otherwise."""
+    """``"sum"`` / ``"mean"`` for ``all_reduce(t)``, ``all_reduce(t, op=ReduceOp.SUM)``, ... (``async_op=False``
+    is what it does anyway); None otherwise."""
     op: Optional[cst.BaseExpression] = None
-    for i, arg in enumerate(call.args):
+    for i, arg in enumerate(blocking(call)):
         if arg.keyword is not None and arg.keyword.value == "op" or (arg.keyword is None and i == 1):
             op = arg.value
         elif i > 0:
