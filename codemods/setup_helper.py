@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import builtins
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider, QualifiedNameSource
 
 from accelify.analyses.distributed import BARRIER, INIT, SET_DEVICE
 from accelify.analyses.plan import Plan
-from accelify.queries.names import wrapper_qualified_names
+from accelify.queries.names import code_of, split_relative, wrapper_qualified_names
 from accelify.queries.records import Finding
 from accelify.queries.walk import findall
 
@@ -114,6 +115,20 @@ class SetUpHelper(AccelifyCodemod):
             return None
         return Inlined(wrapper.module.visit(_Inline(found)), found.line, found.name)
 
+    @staticmethod
+    def specialise_foreign(module: cst.Module, sources) -> Optional[Inlined]:
+        """The script with its call of another project module's set-up helper (DINO's
+        ``utils.init_distributed_mode(args)``, ``sources`` the project's modules) replaced by the helper's launched
+        path; the helper stays in its module (other scripts may call it). None when there is no such call, or
+        its path reads a name the script cannot reach as the module does."""
+        if "init_process_group" in module.code:
+            return None  # set up here too (:meth:`specialise`)
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        found = _find_foreign(wrapper, sources)
+        if found is None:
+            return None
+        return Inlined(wrapper.module.visit(_Inline(found)), found.line, found.name, foreign=True)
+
 
 @dataclass
 class Inlined:
@@ -122,11 +137,12 @@ class Inlined:
     module: cst.Module
     line: int  # of the helper's call
     helper: str
+    foreign: bool = False  # the helper is another module's: it stays there
 
     @property
     def change(self) -> str:
         return (f"`{self.helper}(...)` is its launched path (what `accelerate launch` sets), written where it was "
-                "called; the helper goes")
+                "called; " + ("its module keeps it (other scripts may call it)" if self.foreign else "the helper goes"))
 
     def notes(self, path: str) -> list[Finding]:
         return []
@@ -139,6 +155,8 @@ class _Found:
     statements: list[cst.BaseStatement]  # what the call becomes, the helper's parameter renamed
     line: int
     name: str
+    #: imports of the helper's module its path needs and the script lacks (``import torch.distributed as dist``)
+    imports: list[cst.SimpleStatementLine] = field(default_factory=list)
 
 
 
@@ -165,6 +183,21 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
         return None
     helper = helpers[0]
     name = helper.name.value
+    # the calls: one statement `helper(args)` / `helper(args=args)` / `utils.helper(args)`, nothing else names it
+    uses = [n for n in findall(module, m.Name(name)) if n is not helper.name]
+    calls = [n for n in uses if _call_statement(parents, n) is not None]
+    if len(calls) != 1 or len(uses) != 1:
+        return None
+    return _launched_path(wrapper, helper, wrapper, _call_statement(parents, calls[0]))
+
+
+def _launched_path(home: MetadataWrapper, helper: cst.FunctionDef, wrapper: MetadataWrapper,
+                   line: cst.SimpleStatementLine) -> Optional[_Found]:
+    """What the call ``line`` of the script ``wrapper`` becomes: ``helper``'s launched path (``home``: the module
+    that defines it, the script itself or another module of the project), its parameter renamed."""
+    module = wrapper.module
+    parents = wrapper.resolve(ParentNodeProvider)
+    name = helper.name.value
     params = helper.params
     if len(params.params) != 1 or params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
         return None
@@ -180,12 +213,6 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
         if not m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(
                 target=m.Attribute(value=m.Name(param)))])])):
             return None
-    # the calls: one statement `helper(args)` / `helper(args=args)` / `utils.helper(args)`, nothing else names it
-    uses = [n for n in findall(module, m.Name(name)) if n is not helper.name]
-    calls = [n for n in uses if _call_statement(parents, n) is not None]
-    if len(calls) != 1 or len(uses) != 1:
-        return None
-    line = _call_statement(parents, calls[0])
     call = line.body[0].value  # type: ignore[attr-defined]
     if len(call.args) != 1 or not isinstance(call.args[0].value, cst.Name) or (
         call.args[0].keyword is not None and call.args[0].keyword.value != param
@@ -196,7 +223,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
     for statement in body[first + 1:]:
         if not isinstance(statement, cst.SimpleStatementLine):
             return None
-        kept = _kept(wrapper, statement, param)
+        kept = _kept(home, statement, param)
         if kept is None and m.matches(statement, m.SimpleStatementLine(body=[m.Assign(
                 targets=[m.AssignTarget(target=m.Attribute(value=m.Name(param)))],
                 value=m.SimpleString() | m.Name("True") | m.Name("False"))])):
@@ -206,7 +233,7 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
             return None
         if kept:
             rest.append(statement)
-    if not any(wrapper_qualified_names(wrapper, c.func) & INIT for s in rest for c in findall(s, m.Call())):
+    if not any(wrapper_qualified_names(home, c.func) & INIT for s in rest for c in findall(s, m.Call())):
         return None  # the process group is set up in a branch
     gpu = _local_rank_attr(launched, param)
     statements = [s for s in launched if gpu is None or not _binds(s, param, gpu)]
@@ -215,6 +242,117 @@ def _find(wrapper: MetadataWrapper) -> Optional[_Found]:
     renamed = [s.visit(_Rename(param, argument)) for s in [*statements, *rest]]
     position = wrapper.resolve(PositionProvider)[line].start.line
     return _Found(helper, line, renamed, position, name)  # type: ignore[arg-type]
+
+
+def _find_foreign(wrapper: MetadataWrapper, sources) -> Optional[_Found]:
+    """The one statement call ``utils.init_distributed_mode(args)`` (or ``init_distributed_mode(args)`` imported from
+    it) of a function of another module of the project that sets the process group up, as :func:`_find` reads a
+    helper of the script's own."""
+    module = wrapper.module
+    parents = wrapper.resolve(ParentNodeProvider)
+    found: list[_Found] = []
+    for line in findall(module, m.SimpleStatementLine(body=[m.Expr(m.Call(args=[m.Arg(m.Name())]))])):
+        func = line.body[0].value.func  # type: ignore[attr-defined]
+        value = wrapper.resolve(QualifiedNameProvider).get(func, set())
+        names = [q.name for q in (value() if callable(value) else value) if q.source is QualifiedNameSource.IMPORT]
+        if len(names) != 1 or not isinstance(func, (cst.Name, cst.Attribute)):
+            continue
+        full, level = split_relative(names[0])
+        dotted, _, name = full.rpartition(".")
+        text = sources.module_source(dotted, level) if dotted else None
+        if text is None or "init_process_group" not in text:
+            continue
+        try:
+            home = MetadataWrapper(cst.parse_module(text))
+        except Exception:  # a module that does not parse is one accelify cannot read
+            continue
+        helper = next((f for f in home.module.body if isinstance(f, cst.FunctionDef) and f.name.value == name), None)
+        if helper is None or not any(wrapper_qualified_names(home, c.func) & INIT for c in findall(helper, m.Call())):
+            continue
+        uses = [n for n in findall(module, m.Name(func.value if isinstance(func, cst.Name) else func.attr.value))
+                if not isinstance(parents.get(n), cst.ImportAlias)]
+        path = _launched_path(home, helper, wrapper, line) if len(uses) == 1 else None
+        if path is None:
+            return None  # (ACC135 says why the file is left)
+        reach, addable = _reach(wrapper, home, func)
+        argument = line.body[0].value.args[0].value.value  # type: ignore[attr-defined]
+        taken: dict[str, cst.ImportAlias] = {}
+        statements = [_reached(s, reach, addable, argument, taken) for s in path.statements]
+        if any(s is None for s in statements):
+            return None
+        imports = [cst.SimpleStatementLine([cst.Import([a.with_changes(comma=cst.MaybeSentinel.DEFAULT)])])
+                   for a in taken.values()]
+        found.append(_Found(path.helper, path.call, statements, path.line, path.name, imports))  # type: ignore[arg-type]
+    return found[0] if len(found) == 1 else None
+
+
+def _reach(wrapper: MetadataWrapper, home: MetadataWrapper, func: cst.BaseExpression
+           ) -> tuple[dict[str, Optional[cst.BaseExpression]], dict[str, cst.ImportAlias]]:
+    """How the script reaches the names the helper's module binds at its top: an import bound to the same module
+    in both (``os``, ``torch``) as it is (None), a function or class of that module through the script's name for
+    it (``utils.setup_for_distributed``); and the imports of that module whose names the script binds nowhere
+    (``import torch.distributed as dist``), which it can take. Names bound otherwise are left out."""
+    mine = _top_imports(wrapper.module)
+    theirs = _top_imports(home.module)
+    reach: dict[str, Optional[cst.BaseExpression]] = {
+        n: None for n, (dotted, _) in theirs.items() if n in mine and mine[n][0] == dotted}
+    taken = {n.value for n in findall(wrapper.module, m.Name())}
+    addable = {n: alias for n, (_, alias) in theirs.items() if n not in taken}
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):  # `import utils` (as u): `u.name`
+        for statement in home.module.body:
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                reach.setdefault(statement.name.value, cst.Attribute(func.value, cst.Name(statement.name.value)))
+    return reach, addable
+
+
+def _top_imports(module: cst.Module) -> dict[str, tuple[str, cst.ImportAlias]]:
+    """Names the module's top-level ``import`` statements bind -> the module each names (``dist`` ->
+    ``torch.distributed``; ``torch`` -> ``torch`` for ``import torch.nn``), with the import's alias."""
+    bound: dict[str, tuple[str, cst.ImportAlias]] = {}
+    for statement in module.body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    dotted = code_of(alias.name)
+                    if alias.asname is not None:
+                        bound[code_of(alias.asname.name)] = (dotted, alias)
+                    else:
+                        bound.setdefault(dotted.split(".")[0], (dotted.split(".")[0], alias))
+    return bound
+
+
+def _reached(statement: cst.BaseStatement, reach: dict[str, Optional[cst.BaseExpression]],
+             addable: dict[str, cst.ImportAlias], argument: str, taken: dict[str, cst.ImportAlias]
+             ) -> Optional[cst.BaseStatement]:
+    """``statement`` (of the helper's launched path, its parameter renamed to the script's ``argument``) with the
+    names of its module as the script reaches them (an import it can take goes into ``taken``); None when it reads
+    one the script cannot (a builtin is everyone's)."""
+    reads = [n for n in findall(statement, m.Name()) if n.value != argument and not _not_a_read(statement, n)]
+    replace: dict[int, cst.BaseExpression] = {}
+    for name in reads:
+        if name.value in reach:
+            if reach[name.value] is not None:
+                replace[id(name)] = reach[name.value]  # type: ignore[assignment]
+        elif name.value in addable:
+            taken[name.value] = addable[name.value]
+        elif not hasattr(builtins, name.value):
+            return None
+    return statement.visit(_Replace(replace)) if replace else statement
+
+
+def _not_a_read(root: cst.CSTNode, name: cst.Name) -> bool:
+    """``name`` is an attribute's name (``os.environ``) or a keyword (``backend=``)."""
+    return any(isinstance(node, cst.Attribute) and node.attr is name or isinstance(node, cst.Arg) and node.keyword is name
+               for node in findall(root, m.Attribute() | m.Arg()))
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replace: dict[int, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.replace = replace
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.replace.get(id(original_node), updated_node)
 
 
 def _call_statement(parents, name: cst.Name) -> Optional[cst.SimpleStatementLine]:
@@ -323,3 +461,11 @@ class _Inline(cst.CSTTransformer):
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
                           ) -> Union[cst.FunctionDef, cst.RemovalSentinel]:
         return cst.RemovalSentinel.REMOVE if original_node is self.found.helper else updated_node  # (its comments too)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not self.found.imports:
+            return updated_node
+        body = list(updated_node.body)
+        at = max((i + 1 for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))),
+                 default=0)
+        return updated_node.with_changes(body=body[:at] + self.found.imports + body[at:])

@@ -1,5 +1,6 @@
 """ACC030: the torchvision references' set-up helper (`init_distributed_mode(args)`) is its launched path;
-the rank helpers guarded by `dist.is_initialized()` stay; a rank or a gather where no Accelerator can be
+the rank helpers guarded by `dist.is_initialized()` answer from Accelerate's state (ACC034); a helper of another
+module of the project is inlined in the script and stays in its module; a rank or a gather where no Accelerator can be
 reached uses the Accelerator's state (`PartialState`, `accelerate.utils.gather`); the `--device` option
 is followed into the function the parsed options are handed to; a DDP wrapper of a model nothing trains
 is a refusal, not left behind."""
@@ -71,8 +72,8 @@ def test_the_helper_is_its_launched_path():
     assert "args.gpu" not in out and "set_device" not in out and "barrier" not in out
     assert "range(args.steps // accelerator.num_processes)" in out
     assert "if get_rank() == 0 and accelerator.is_main_process:" in out
-    # the guarded helpers are right as they are: Accelerate sets up a process group when there is one
-    assert "        return 0\n    return dist.get_rank()" in out and "if not dist.is_initialized():" in out
+    # the guarded helpers answer from Accelerate's state (ACC034): the same numbers, no torch.distributed left
+    assert "def get_rank():\n    return PartialState().process_index\n" in out and "dist." not in out
     assert [c.line for c in result.changes if c.code == "ACC030"] == [42]  # the call, on the file's lines
 
 

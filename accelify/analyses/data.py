@@ -227,7 +227,9 @@ def processes_here(facts: Facts, plan: Plan) -> bool:
     accelify does not read (rosinality's vq-vae-2: ``import distributed as dist``, then
     ``dist.launch(main, n_gpu, ...)``, ``dist.all_gather(...)``, ``dist.data_sampler(...)``):
     converted beside it, the script would start its own processes under the launcher's and
-    collect across them by hand (two processes were seen to hang)."""
+    collect across them by hand (two processes were seen to hang). The torchvision references' helpers
+    (``get_rank()``, ``get_world_size()`` asking torch.distributed when a group exists, ``is_main_process()``,
+    ``setup_for_distributed(is_master)``) are no such management: they answer right under any launcher."""
     for call in facts.calls:
         func = call.func
         name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
@@ -236,6 +238,9 @@ def processes_here(facts: Facts, plan: Plan) -> bool:
         module = _foreign_module(facts, func)
         if module is None:
             continue
+        helper = called_function(facts, facts.module, facts.foreign, func)
+        if helper is not None and helper.role is not None:
+            continue  # `utils.get_world_size()`, `utils.is_main_process()`: right under any launcher
         facts.finding(
             plan, call, "ACC135",
             f"`{code_of(func)}(...)`: the script manages its processes through {module}, which accelify does not "

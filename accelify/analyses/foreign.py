@@ -40,6 +40,7 @@ import libcst.matchers as m
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
+from accelify.analyses import rank_helpers
 from accelify.queries.names import (OPTIMIZER_NAME, WRITERS, code_of, qualified_names, split_relative,
                                    star_import_modules, string_value)
 from accelify.queries.loops import built_loader
@@ -76,6 +77,10 @@ class ForeignFunction:
     prints: bool = False
     trains: Optional[tuple[str, ...]] = None  # an optimizer factory: the parameters whose parameters it trains
     node: Optional[cst.FunctionDef] = field(default=None, compare=False, repr=False)
+    #: what it is of the torchvision references' process helpers, right under any launcher (accelify.analyses.
+    #: rank_helpers): "rank" (``get_rank()``, ``get_world_size()`` asking torch.distributed when a group exists),
+    #: "main" (``return get_rank() == 0``), "print" (``setup_for_distributed(is_master)``: print on the master only)
+    role: Optional[str] = None
 
 
 class _Metadata:
@@ -157,7 +162,8 @@ class Foreign:
         elif not why and loaders is None:
             why = "does not return a DataLoader it builds on every return"
         return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why,
-                               _console_only(module, meta, func), _optimizer_factory(meta, func), func)
+                               _console_only(module, meta, func), _optimizer_factory(meta, func), func,
+                               _process_role(module, meta, func))
 
     def _reexported(self, module: cst.Module, dotted: str, level: int, name: str) -> Optional[tuple[str, str, int]]:
         """``from .knn_monitor import knn_monitor`` in a package's ``__init__`` (SimSiam's ``tools``), or ``from
@@ -213,6 +219,35 @@ class Foreign:
                 if dotted and self.sources.module_source(dotted, level):
                     return True  # another module of the project
         return False
+
+
+def _process_role(module: cst.Module, meta: _Metadata, func: cst.FunctionDef) -> Optional[str]:
+    """``ForeignFunction.role``: a rank helper, a main-process test of one, or a print silencer."""
+    if "torch.distributed" not in module.code and "setup_for_distributed" not in func.name.value:
+        return None
+    functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    found = rank_helpers.queries(meta, functions)
+    if func.name.value in found:
+        return "rank"
+    if rank_helpers.main_process_test(func, found):
+        return "main"
+    return "print" if _silences_print(meta, func) else None
+
+
+def _silences_print(meta: _Metadata, func: cst.FunctionDef) -> bool:
+    """``def setup_for_distributed(is_master)``: a ``print`` defined inside that prints when its flag (or
+    ``force=True``) says so, made the builtin one (``__builtin__.print = print``), nothing else called."""
+    params = func.params
+    if len(params.params) != 1 or not isinstance(func.body, cst.IndentedBlock):
+        return False
+    printers = [f for f in findall(func.body, m.FunctionDef(name=m.Name("print")))]
+    replaced = findall(func.body, m.Assign(targets=[m.AssignTarget(m.Attribute(attr=m.Name("print")))],
+                                           value=m.Name("print")))
+    if len(printers) != 1 or len(replaced) != 1:
+        return False
+    outer = [c for c in findall(func.body, m.Call()) if not any(c is d for d in findall(printers[0], m.Call()))]
+    return not outer and all(isinstance(c.func, cst.Name) or m.matches(c.func, m.Attribute(attr=m.Name("pop")))
+                             for c in findall(printers[0], m.Call()))
 
 
 #: what a console function may call besides printing: builtins, string and list methods, the clock

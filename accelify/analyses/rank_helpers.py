@@ -59,19 +59,9 @@ _Value = Union[bool, int, str, None]
 
 def decide(facts: Facts, plan, optimizers: list[cst.Assign]) -> dict[int, str]:
     """id of each module-level rank helper the conversion rewrites -> the ``PartialState`` attribute it returns."""
-    candidates = {name: f for name, f in facts.functions.items() if _plain(f)}
-    if not candidates or "torch.distributed" not in facts.module.code:
+    if "torch.distributed" not in facts.module.code:
         return {}
-    found: dict[str, str] = {}
-    grew = True
-    while grew:  # a helper may ask another (``get_rank`` asks ``is_dist_avail_and_initialized``)
-        grew = False
-        for name, function in candidates.items():
-            if name not in found:
-                attribute = _attribute(facts, function, found)
-                if attribute is not None:
-                    found[name] = attribute
-                    grew = True
+    found = queries(facts, facts.functions)
     if not found:
         return {}
     workers = run_by_workers(facts.module)
@@ -80,6 +70,31 @@ def decide(facts: Facts, plan, optimizers: list[cst.Assign]) -> dict[int, str]:
     if plan.cpu_flag is not None and _asked_early(facts, plan, set(found), optimizers):
         return {}
     return {id(facts.functions[name]): attribute for name, attribute in found.items()}
+
+
+def queries(meta, functions: dict[str, cst.FunctionDef]) -> dict[str, str]:
+    """The rank helpers among a module's ``functions`` (by name), each with the attribute it stands for; ``meta``
+    answers the module's qualified names (the facts, or a project module's metadata)."""
+    candidates = {name: f for name, f in functions.items() if _plain(f)}
+    found: dict[str, str] = {}
+    grew = True
+    while grew:  # a helper may ask another (``get_rank`` asks ``is_dist_avail_and_initialized``)
+        grew = False
+        for name, function in candidates.items():
+            if name not in found:
+                attribute = _attribute(meta, function, found)
+                if attribute is not None:
+                    found[name] = attribute
+                    grew = True
+    return found
+
+
+def main_process_test(function: cst.FunctionDef, found: dict[str, str]) -> bool:
+    """``def is_main_process(): return get_rank() == 0``, ``get_rank`` a rank helper of ``found``."""
+    body = function.body.body if _plain(function) else ()  # type: ignore[union-attr]
+    return len(body) == 1 and m.matches(body[0], m.SimpleStatementLine(body=[m.Return(m.Comparison(
+        left=m.Call(func=m.Name(), args=[]), comparisons=[m.ComparisonTarget(m.Equal(), m.Integer("0"))]))])) and \
+        found.get(body[0].body[0].value.left.func.value) == "process_index"  # type: ignore[attr-defined]
 
 
 def _plain(function: cst.FunctionDef) -> bool:

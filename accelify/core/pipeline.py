@@ -90,6 +90,13 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
 def _convert_parsed(module: cst.Module, source: str, path: str, options: Options) -> Result:
     """The conversion of ``source``, parsed as ``module`` (one statement per line)."""
     try:
+        inlined = None if path.endswith(".ipynb") or (options.select is not None and "ACC030" not in options.select) \
+            else SetUpHelper.specialise_foreign(module, ProjectSources(path))
+    except Exception as exc:  # a bug of ours must never cost the user a file
+        return _internal_error(path, source, exc)
+    if inlined is not None:
+        return _with_foreign_set_up(inlined, source, path, options)
+    try:
         # (a notebook's cells are one program already; its modules are not converted with it yet)
         unit = unit_of(source, path) if not path.endswith(".ipynb") else None
         result = _convert_unit(unit, options) if unit is not None else None
@@ -110,6 +117,21 @@ def _convert_parsed(module: cst.Module, source: str, path: str, options: Options
     for companion in result.companions:
         companion.findings = suppress(companion.findings, companion.source, options.findings)
     return result
+
+
+def _with_foreign_set_up(inlined, source: str, path: str, options: Options) -> Result:
+    """The script whose call of another module's set-up helper (DINO's ``utils.init_distributed_mode(args)``) is its
+    launched path (ACC030), converted; the positions put back on the script's lines. Refused, it stays as it was."""
+    text = inlined.module.code
+    result = _convert_parsed(inlined.module, text, path, options)
+    lines = _line_map(text, source)
+    findings = sorted(replace(f, line=lines(f.line)) for f in result.findings)
+    if result.error is not None or result.output == text:
+        return Result(path, source, source, findings=findings, error=result.error)
+    changes = sorted([replace(c, line=lines(c.line)) for c in result.changes]
+                     + [Change(inlined.line, SetUpHelper.CODE, inlined.change)])
+    return replace(result, source=source, output=_imports_left_unused(source, result.output), changes=changes,
+                   findings=findings)
 
 
 def _internal_error(path: str, source: str, exc: Exception) -> Result:
