@@ -121,8 +121,8 @@ class SetUpHelper(AccelifyCodemod):
         ``utils.init_distributed_mode(args)``, ``sources`` the project's modules) replaced by the helper's launched
         path; the helper stays in its module (other scripts may call it). None when there is no such call, or
         its path reads a name the script cannot reach as the module does."""
-        if "init_process_group" in module.code:
-            return None  # set up here too (:meth:`specialise`)
+        if "init_process_group" in module.code or not _imports_a_set_up(module, sources):
+            return None  # set up here too (:meth:`specialise`), or no module of the project that sets up
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         found = _find_foreign(wrapper, sources)
         if found is None:
@@ -242,6 +242,22 @@ def _launched_path(home: MetadataWrapper, helper: cst.FunctionDef, wrapper: Meta
     renamed = [s.visit(_Rename(param, argument)) for s in [*statements, *rest]]
     position = wrapper.resolve(PositionProvider)[line].start.line
     return _Found(helper, line, renamed, position, name)  # type: ignore[arg-type]
+
+
+def _imports_a_set_up(module: cst.Module, sources) -> bool:
+    """Does the script import, at its top, a module of the project whose text sets a process group up? (Read before
+    any metadata: most scripts import none.)"""
+    for statement in module.body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Import):
+                wanted = [(code_of(a.name), 0) for a in small.names]
+            elif isinstance(small, cst.ImportFrom) and small.module is not None:
+                wanted = [(code_of(small.module), len(small.relative))]
+            else:
+                continue
+            if any("init_process_group" in (sources.module_source(dotted, level) or "") for dotted, level in wanted):
+                return True
+    return False
 
 
 def _find_foreign(wrapper: MetadataWrapper, sources) -> Optional[_Found]:
