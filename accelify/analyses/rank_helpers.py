@@ -1,19 +1,8 @@
 """Rank helpers: the script's own ``get_rank()``/``get_world_size()`` that ask torch.distributed when a group exists.
 
-The torchvision references' ``utils.py``, pasted into DINO, MoCo-style and many research scripts::
-
-    def is_dist_avail_and_initialized():
-        if not dist.is_available():
-            return False
-        if not dist.is_initialized():
-            return False
-        return True
-
-    def get_rank():
-        if not is_dist_avail_and_initialized():
-            return 0
-        return dist.get_rank()
-
+The torchvision references' ``utils.py``, pasted into DINO, MoCo-style and many research scripts, asks
+torch.distributed for the rank only when a process group exists (``is_dist_avail_and_initialized()``, then
+``get_rank()``, ``get_world_size()``; the before/after of ACC034's docstring, ``codemods/rank_helpers.py``).
 They answer right in one process and under any launcher, so the rest of the conversion leaves their
 queries (``codemods.distributed``'s guarded queries); but they are process-group code left in a converted
 script. Under Accelerate the same answers come from the state every process shares: each such helper
