@@ -338,3 +338,42 @@ def test_every_call_of_the_process_group_that_is_not_understood_is_named() -> No
     """PyTorch's DDP example: `get_default_backend_for_device` *and* `dist.get_backend()`. The first one was
     named alone; fixed by hand, the user met the second on the next run."""
     assert codes(TWO_UNKNOWN_COLLECTIVES) == [(9, "ACC126"), (19, "ACC126")]
+
+
+DDP_WITH_A_DEVICE_CHAIN = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main(args):
+    if args.accel:
+        torch.cuda.set_device(args.gpu)
+        device = torch.device("cuda")
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl")
+    data = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+    loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data{sampler}))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = ((model(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_device_blocker_is_named_beside_a_refused_process_group_whose_ranks_were_read() -> None:
+    """The ImageNet example's shape: its validation sampler's ``drop_last=True`` (ACC126) hid the device chain whose
+    branch also sets the GPU (ACC103), which a user who fixed the first found next."""
+    both = codes(DDP_WITH_A_DEVICE_CHAIN.format(sampler=", drop_last=True"))
+    assert {code for _, code in both} == {"ACC126", "ACC103"}
+    alone = codes(DDP_WITH_A_DEVICE_CHAIN.format(sampler=""))
+    assert {code for _, code in alone} == {"ACC103"}  # the same finding once the sampler is fixed
+    assert [line for line, code in both if code == "ACC103"] == [line for line, _ in alone]

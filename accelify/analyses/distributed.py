@@ -206,6 +206,8 @@ class Distributed:
     sizes: dict[int, str] = field(default_factory=dict)
     #: ids of ``dist.broadcast(t, src)`` statements: ``t = broadcast(t, from_process=src)``
     broadcasts: set[int] = field(default_factory=set)
+    #: the ranks and their arguments were all understood (what is refused, if anything, comes after them)
+    ranks_read: bool = False
 
 
 def decide(facts: Facts, plan: Plan) -> bool:
@@ -222,6 +224,7 @@ def decide(facts: Facts, plan: Plan) -> bool:
         facts.finding(plan, node, "ACC126", f"{message}; file not converted (half a conversion would wrap the model "
                       "or shard the data twice).", suggestion)
     plan.distributed = None
+    plan.refused_distributed = dist if dist.ranks_read else None
     return False
 
 
@@ -269,6 +272,7 @@ def _recognise(facts: Facts, plan: Plan, dist: Distributed) -> list[Why]:
     why = arg_ranks(facts, plan, dist, env_reads)
     if why is not None:
         return [why]
+    dist.ranks_read = True
     whys: list[Why] = []
     spawns = [c for c in facts.calls if qualified_names(facts, c.func) & (SPAWN | PROCESS)]
     for call in spawns + [c for c in facts.calls if c not in spawns]:  # the spawned worker's ranks first

@@ -163,6 +163,9 @@ class Plan:
     accelerator_classes: set[str] = field(default_factory=set)
     #: a script that managed its own processes (torchrun, DDP): what Accelerate takes over
     distributed: Optional[distributed.Distributed] = None
+    #: a script whose process management is refused (ACC126) after its ranks were read: what the device analysis
+    #: still reads to name the file's own device blockers too (ImageNet's device chain behind its sampler)
+    refused_distributed: Optional[distributed.Distributed] = None
     #: ids of the script's own rank helpers (``get_rank()`` asking torch.distributed when a group exists) -> the
     #: ``PartialState`` attribute each returns now (ACC034, accelify.analyses.rank_helpers)
     rank_helpers: dict[int, str] = field(default_factory=dict)
@@ -385,6 +388,12 @@ def _decide(facts: Facts) -> Plan:
     blockers.step("reductions", ("placed",), lambda: distributed.reductions(facts, plan))
     blockers.step("results", ("placed",), lambda: evaluation.kept_results(facts, plan))
     blockers.step("schedulers", ("placed",), schedulers_step)
+    if "distributed" not in blockers.passed and "modelled" in blockers.passed and plan.refused_distributed is not None:
+        # the process management is refused, its ranks read: the devices are still classified over them, so that
+        # a device blocker is named beside it (findings only: the file stays as it is)
+        plan.distributed = plan.refused_distributed
+        devices.classify(facts, plan, state["in_owner"])
+        plan.distributed = None
     if blockers.refused:
         return plan
     in_owner, arguments, scheduler_calls = state["in_owner"], state["arguments"], state["scheduler_calls"]
