@@ -9,7 +9,7 @@ import libcst.matchers as m
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, ParentNodeProvider
 
 from accelify.analyses.device_kinds import per_process_device
-from accelify.analyses.distributed import ALL_REDUCE, BARRIER, IS_INITIALIZED, blocking, held, reduce_op, spawn_arguments
+from accelify.analyses.distributed import ALL_REDUCE, BARRIER, GET_BACKEND, IS_INITIALIZED, blocking, held, reduce_op, spawn_arguments
 from accelify.analyses.plan import Plan, bind_arguments
 from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, MAIN_TESTS, is_arg_rank, local_rank_launch, main_process_test
 from accelify.analyses.samplers import sampler_shuffle
@@ -208,7 +208,7 @@ class Distributed(AccelifyCodemod):
         """``gpu_idx = dist.get_rank()`` where the Accelerator cannot be reached (MoCo's batch shuffle, in the
         model) -> ``gpu_idx = PartialState().process_index``; its reads stay as they are."""
         call = original.body[0].value  # type: ignore[attr-defined]
-        attribute = _query(self, call)
+        attribute = (_query(self, call) or "").removeprefix("state.")
         add_target_import(self.context, "PartialState")
         remove_imports_of(self.context, call)
         code = cst.Module(body=[]).code_for_node(call)
@@ -555,6 +555,7 @@ class Distributed(AccelifyCodemod):
             if accelerator is None and self.name_free("PartialState"):
                 # in a loss's or a model's method (DINO's `update_center`): the state the Accelerator set up
                 add_target_import(self.context, "PartialState")
+                attribute = attribute.removeprefix("state.")
                 self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "
                             f"`PartialState().{attribute}` (the Accelerator's state, where it cannot be reached)")
                 remove_imports_of(self.context, original_node)
@@ -564,7 +565,8 @@ class Distributed(AccelifyCodemod):
             self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "
                         f"`{accelerator}.{attribute}`")
             remove_imports_of(self.context, original_node)
-            return accelerator_attr(accelerator, attribute)
+            return cst.parse_expression(f"{accelerator}.{attribute}") if "." in attribute else \
+                accelerator_attr(accelerator, attribute)
         if has_qname(self, original_node.func, DATALOADERS):
             return self._loader(original_node, updated_node)
         if original_node.args and per_process_device(self, original_node) and not has_qname(
@@ -651,6 +653,8 @@ def _query(visitor: AccelifyCodemod, call: cst.Call) -> Optional[str]:
         return "num_processes"
     if has_qname(visitor, call.func, IS_INITIALIZED):
         return "use_distributed"
+    if has_qname(visitor, call.func, GET_BACKEND):
+        return "state.backend"  # (``PartialState().backend``: the state itself)
     return None
 
 

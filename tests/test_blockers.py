@@ -316,6 +316,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 def main():
     dist.init_process_group(backend=dist.get_default_backend_for_device(torch.device("cpu")))
+    group = dist.new_group([0, 1])
     model = DDP(torch.nn.Linear(4, 2))
     data = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
     loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data))
@@ -325,7 +326,7 @@ def main():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    print(f"backend={dist.get_backend()}")
+    print(f"backend={dist.get_backend(group)}")
     dist.destroy_process_group()
 
 
@@ -335,9 +336,9 @@ if __name__ == "__main__":
 
 
 def test_every_call_of_the_process_group_that_is_not_understood_is_named() -> None:
-    """PyTorch's DDP example: `get_default_backend_for_device` *and* `dist.get_backend()`. The first one was
-    named alone; fixed by hand, the user met the second on the next run."""
-    assert codes(TWO_UNKNOWN_COLLECTIVES) == [(9, "ACC126"), (19, "ACC126")]
+    """PyTorch's DDP example met `get_default_backend_for_device` named alone and `dist.get_backend()` on the next
+    run (both understood now): a process subgroup and the backend of one are both named."""
+    assert codes(TWO_UNKNOWN_COLLECTIVES) == [(10, "ACC126"), (20, "ACC126")]
 
 
 DDP_WITH_A_DEVICE_CHAIN = """\

@@ -218,3 +218,57 @@ def test_a_count_only_the_spawn_read_goes_with_it():
     assert "    main(3)\n" in gone.output
     kept = convert_source(source.replace("{kept}", "True"), "train.py")  # read by a print too: it stays
     assert "n_gpus = torch.cuda.device_count()" in kept.output and "world_size = n_gpus" in kept.output
+
+
+ACCELERATOR_API_SETUP = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+def ddp_setup():
+    acc = torch.accelerator.current_accelerator()
+    rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device(f"{acc}:{rank}")
+    backend = torch.distributed.get_default_backend_for_device(device)
+    dist.init_process_group(backend=backend)
+    torch.accelerator.set_device_index(rank)
+
+
+def main():
+    ddp_setup()
+    print(f"rank {dist.get_rank()} on {dist.get_backend()}")
+    loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+    model = DDP(Net())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+"""
+
+
+def test_the_torch_accelerator_set_up_goes_whole():
+    """PyTorch's examples since torch.accelerator (minGPT's `ddp_setup`): the backend chosen for the device with
+    `get_default_backend_for_device`, handed only to `init_process_group`, goes with it, and so do the device it was
+    asked of and `torch.accelerator.set_device_index(rank)`; `dist.get_backend()` is the Accelerator's."""
+    result = convert_source(ACCELERATOR_API_SETUP, "train.py")
+    assert result.error is None and not result.findings, result.findings
+    out = result.output
+    for gone in ("ddp_setup", "get_default_backend_for_device", "current_accelerator", "set_device_index",
+                 "LOCAL_RANK", "dist.", "import os"):
+        assert gone not in out, gone
+    assert 'accelerator.print(f"rank {accelerator.process_index} on {accelerator.state.backend}")' in out
+
+
+def test_a_backend_read_elsewhere_is_still_refused():
+    source = ACCELERATOR_API_SETUP.replace("    torch.accelerator.set_device_index(rank)\n",
+                                           "    torch.accelerator.set_device_index(rank)\n    print(backend)\n")
+    result = convert_source(source, "train.py")
+    assert result.output == source and "get_default_backend_for_device" in result.findings[0].message

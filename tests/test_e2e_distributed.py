@@ -49,6 +49,9 @@ CASES = {
     # the torchvision references' rank helpers (ACC034): `get_rank()`/`get_world_size()` of the file, asking
     # torch.distributed when a group exists, return PartialState's answers
     "ddp_rank_helpers_runnable": ("torchrun", 8, 16),
+    # PyTorch's examples since torch.accelerator: `get_default_backend_for_device`, `set_device_index`, the backend
+    # printed (`accelerator.state.backend`)
+    "ddp_accelerator_api_runnable": ("torchrun", 8, 16),
 }
 _EVAL = re.compile(r"^eval_\w+ \S+$", re.M)
 

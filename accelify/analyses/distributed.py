@@ -86,13 +86,18 @@ BROADCAST = both("broadcast")
 
 
 IS_INITIALIZED = both("is_initialized")
+#: the process group's backend (printed by PyTorch's DDP example): ``accelerator.state.backend``
+GET_BACKEND = both("get_backend")
 
 
 #: queries that need no process group: left as they are
 HARMLESS = frozenset({"torch.distributed.is_available", "torch.distributed.ReduceOp", "torch.distributed.Backend"})
 
 
-SET_DEVICE = frozenset({"torch.cuda.set_device"})
+SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"})
+#: the backend a device's process group takes (``backend = get_default_backend_for_device(acc)``, handed to
+#: ``init_process_group``): chosen by Accelerate once the launcher's set-up goes
+DEFAULT_BACKEND = both("get_default_backend_for_device")
 
 
 DDP = frozenset(
@@ -467,12 +472,45 @@ def _spawn(facts: Facts, dist: Distributed, call: cst.Call, names: set[str]) -> 
 
 #: what the value of a count only a launch reads may call: the GPUs, the environment, arithmetic
 _COUNTS = frozenset({"int", "len", "min", "max", "os.getenv", "os.environ.get", "torch.cuda.device_count"})
+#: ... and of a device only the backend choice of the set-up reads (``acc = torch.accelerator.current_accelerator()``,
+#: ``device = torch.device(f"{acc}:{rank}")``)
+_SET_UP_DEVICES = _COUNTS | {"str", "torch.device", "torch.accelerator.current_accelerator", "torch.accelerator.is_available",
+                              "torch.cuda.is_available"}
 
 
-def _launch_count(facts: Facts, dist: Distributed, count: cst.Name, within: set[int]) -> None:
+def _backend_for_init(facts: Facts, dist: Distributed, call: cst.Call) -> bool:
+    """``backend = torch.distributed.get_default_backend_for_device(acc)`` read only as the backend of
+    ``init_process_group`` (the set-up Accelerate does): the line goes, and the device it was asked of when only that
+    line reads it (``acc = torch.accelerator.current_accelerator()``)."""
+    assign = facts.get_metadata(ParentNodeProvider, call, None)
+    init = facts.get_metadata(ParentNodeProvider, assign, None) if isinstance(assign, cst.Arg) else None
+    if isinstance(init, cst.Call) and has_qname(facts, init.func, INIT):
+        return True  # `init_process_group(backend=get_default_backend_for_device(acc))`: it goes with the call
+    statement = facts.get_metadata(ParentNodeProvider, assign, None) if isinstance(assign, cst.Assign) else None
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or len(assign.targets) != 1 \
+            or not isinstance(assign.targets[0].target, cst.Name):  # type: ignore[union-attr]
+        return False
+    target = assign.targets[0].target
+    ref = ref_of(facts, target)
+    reads = [n for n in findall(facts.module, m.Name(target.value)) if n is not target and ref_of(facts, n) == ref]
+    for read in reads:
+        arg = facts.get_metadata(ParentNodeProvider, read, None)
+        init = facts.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        if not (isinstance(init, cst.Call) and has_qname(facts, init.func, INIT) and (
+                arg.keyword is None and init.args[0] is arg or arg.keyword is not None and arg.keyword.value == "backend")):
+            return False
+    dist.remove.add(id(statement))
+    for arg in call.args:
+        if isinstance(arg.value, cst.Name):
+            _launch_count(facts, dist, arg.value, {id(statement)}, _SET_UP_DEVICES)
+    return True
+
+
+def _launch_count(facts: Facts, dist: Distributed, count: cst.Name, within: set[int],
+                  calls: frozenset[str] = _COUNTS) -> None:
     """``world_size = torch.cuda.device_count()`` that only ``mp.spawn(..., nprocs=world_size)`` (``within``) reads goes
     with the launch (the tutorials' ``__main__``), and so does a count only that line reads (``world_size = n_gpus``):
-    left, they would count the GPUs for nothing."""
+    left, they would count the GPUs for nothing. (``calls``: what the dropped values may call.)"""
     ref = ref_of(facts, count)
     assigns = facts.assigns.get(ref, []) if ref is not None else []
     if len(assigns) != 1 or len(assigns[0].targets) != 1 or not isinstance(assigns[0].targets[0].target, cst.Name):
@@ -480,14 +518,15 @@ def _launch_count(facts: Facts, dist: Distributed, count: cst.Name, within: set[
     line = facts.get_metadata(ParentNodeProvider, assigns[0], None)
     if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
         return
-    if any(not (qualified_names(facts, c.func) & _COUNTS) for c in findall(assigns[0].value, m.Call())):
+    if any(not (qualified_names(facts, c.func) & calls) for c in findall(assigns[0].value, m.Call())):
         return
     target = assigns[0].targets[0].target
     reads = [n for n in findall(facts.module, m.Name(count.value)) if n is not target and ref_of(facts, n) == ref]
     if all(inside(facts, n, within) for n in reads):
         dist.remove.add(id(line))
-        if isinstance(assigns[0].value, cst.Name):
-            _launch_count(facts, dist, assigns[0].value, within | {id(line)})
+        for name in [assigns[0].value] if isinstance(assigns[0].value, cst.Name) else [
+                n for n in findall(assigns[0].value, m.Name()) if ref_of(facts, n) is not None and calls is not _COUNTS]:
+            _launch_count(facts, dist, name, within | {id(line)}, calls)
 
 
 def _process_loop(facts: Facts, dist: Distributed, call: cst.Call) -> Optional[Why]:
@@ -611,6 +650,8 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
         return None
     if names & HARMLESS or any(n.startswith("torch.distributed.ReduceOp") for n in names):
         return None
+    if names & DEFAULT_BACKEND and _backend_for_init(facts, dist, call):
+        return None
     statement = plan_statement(facts, call)
     if names & INIT:
         if statement is None:
@@ -625,7 +666,7 @@ def _call(facts: Facts, plan: Plan, dist: Distributed, call: cst.Call, names: se
             return call, "`destroy_process_group()` is used as a value", "call it as a statement"
         dist.end_training.add(id(statement))
         return None
-    if names & (GET_RANK | GET_WORLD_SIZE | IS_INITIALIZED):
+    if names & (GET_RANK | GET_WORLD_SIZE | IS_INITIALIZED | GET_BACKEND):
         if call.args:
             return call, f"`{code_of(call)}` asks about a process subgroup", "use the Accelerator's attributes"
         return None  # rewritten where it is (ACC018)
@@ -846,7 +887,8 @@ def _goes(facts: Facts, dist: Distributed, statement: cst.BaseStatement) -> bool
         if isinstance(small, cst.Assign) and id(small) in dist.rank_assigns:
             return True
     if isinstance(statement, cst.If) and statement.orelse is None and all(
-        has_qname(facts, c.func, frozenset({"torch.cuda.is_available"})) for c in findall(statement.test, m.Call())
+        has_qname(facts, c.func, frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"}))
+        for c in findall(statement.test, m.Call())
     ):
         return all(_goes(facts, dist, s) for s in statement.body.body)  # type: ignore[attr-defined]
     return False
