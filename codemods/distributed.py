@@ -208,7 +208,7 @@ class Distributed(AccelifyCodemod):
         """``gpu_idx = dist.get_rank()`` where the Accelerator cannot be reached (MoCo's batch shuffle, in the
         model) -> ``gpu_idx = PartialState().process_index``; its reads stay as they are."""
         call = original.body[0].value  # type: ignore[attr-defined]
-        attribute = (_query(self, call) or "").removeprefix("state.")
+        attribute = _query(self, call)
         add_target_import(self.context, "PartialState")
         remove_imports_of(self.context, call)
         code = cst.Module(body=[]).code_for_node(call)
@@ -555,18 +555,17 @@ class Distributed(AccelifyCodemod):
             if accelerator is None and self.name_free("PartialState"):
                 # in a loss's or a model's method (DINO's `update_center`): the state the Accelerator set up
                 add_target_import(self.context, "PartialState")
-                attribute = attribute.removeprefix("state.")
                 self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "
                             f"`PartialState().{attribute}` (the Accelerator's state, where it cannot be reached)")
                 remove_imports_of(self.context, original_node)
                 return cst.parse_expression(f"PartialState().{attribute}")
             if accelerator is None:
                 return self._unreachable(original_node, updated_node)  # type: ignore[return-value]
+            replacement = accelerator_attr(accelerator, f"state.{attribute}" if attribute in _STATE_ONLY else attribute)
             self.change(original_node, f"`{cst.Module(body=[]).code_for_node(original_node)}` -> "
-                        f"`{accelerator}.{attribute}`")
+                        f"`{cst.Module(body=[]).code_for_node(replacement)}`")
             remove_imports_of(self.context, original_node)
-            return cst.parse_expression(f"{accelerator}.{attribute}") if "." in attribute else \
-                accelerator_attr(accelerator, attribute)
+            return replacement
         if has_qname(self, original_node.func, DATALOADERS):
             return self._loader(original_node, updated_node)
         if original_node.args and per_process_device(self, original_node) and not has_qname(
@@ -654,8 +653,13 @@ def _query(visitor: AccelifyCodemod, call: cst.Call) -> Optional[str]:
     if has_qname(visitor, call.func, IS_INITIALIZED):
         return "use_distributed"
     if has_qname(visitor, call.func, GET_BACKEND):
-        return "state.backend"  # (``PartialState().backend``: the state itself)
+        return "backend"
     return None
+
+
+#: what ``_query`` answers that the Accelerator has only through its state (``accelerator.state.backend``;
+#: ``PartialState().backend`` is the state itself)
+_STATE_ONLY = frozenset({"backend"})
 
 
 def _guarded(visitor: AccelifyCodemod, call: cst.Call) -> bool:

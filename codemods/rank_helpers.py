@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from accelify.analyses.plan import Plan
+from accelify.queries.blocks import is_docstring
 from accelify.queries.trees import remove_imports_of
 
 from .base import AccelifyCodemod, add_target_import
@@ -96,8 +96,7 @@ class RankHelpers(AccelifyCodemod):
         if attribute is None:
             return updated_node
         body = list(updated_node.body.body)  # type: ignore[union-attr]
-        kept = body[:1] if body and m.matches(body[0], m.SimpleStatementLine(
-            body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])) else []
+        kept = body[:1] if body and is_docstring(body[0]) else []
         remove_imports_of(self.context, original_node.body)
         add_target_import(self.context, "PartialState")
         self.change(original_node, f"`{original_node.name.value}()` asks torch.distributed -> "

@@ -120,9 +120,10 @@ class SetUpHelper(AccelifyCodemod):
         """The script with its call of another project module's set-up helper (DINO's
         ``utils.init_distributed_mode(args)``, ``sources`` the project's modules) replaced by the helper's launched
         path; the helper stays in its module (other scripts may call it). None when there is no such call, or
-        its path reads a name the script cannot reach as the module does."""
-        if "init_process_group" in module.code or not _imports_a_set_up(module, sources):
-            return None  # set up here too (:meth:`specialise`), or no module of the project that sets up
+        its path reads a name the script cannot reach as the module does. (A script that sets up itself, whose
+        text names ``init_process_group``, is :meth:`specialise`'s: the pipeline does not ask.)"""
+        if not _imports_a_set_up(module, sources):
+            return None  # no module of the project that sets up
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         found = _find_foreign(wrapper, sources)
         if found is None:
@@ -343,7 +344,9 @@ def _reached(statement: cst.BaseStatement, reach: dict[str, Optional[cst.BaseExp
     """``statement`` (of the helper's launched path, its parameter renamed to the script's ``argument``) with the
     names of its module as the script reaches them (an import it can take goes into ``taken``); None when it reads
     one the script cannot (a builtin is everyone's)."""
-    reads = [n for n in findall(statement, m.Name()) if n.value != argument and not _not_a_read(statement, n)]
+    names = {id(n.attr) for n in findall(statement, m.Attribute())} | {  # `os.environ`, `backend=`: no reads
+        id(a.keyword) for a in findall(statement, m.Arg()) if a.keyword is not None}
+    reads = [n for n in findall(statement, m.Name()) if n.value != argument and id(n) not in names]
     replace: dict[int, cst.BaseExpression] = {}
     for name in reads:
         if name.value in reach:
@@ -354,12 +357,6 @@ def _reached(statement: cst.BaseStatement, reach: dict[str, Optional[cst.BaseExp
         elif not hasattr(builtins, name.value):
             return None
     return statement.visit(_Replace(replace)) if replace else statement
-
-
-def _not_a_read(root: cst.CSTNode, name: cst.Name) -> bool:
-    """``name`` is an attribute's name (``os.environ``) or a keyword (``backend=``)."""
-    return any(isinstance(node, cst.Attribute) and node.attr is name or isinstance(node, cst.Arg) and node.keyword is name
-               for node in findall(root, m.Attribute() | m.Arg()))
 
 
 class _Replace(cst.CSTTransformer):

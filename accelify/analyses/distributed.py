@@ -47,6 +47,7 @@ from accelify.analyses.ranks import (
     DEVICE_COUNT,
     GET_RANK,
     GET_WORLD_SIZE,
+    IS_INITIALIZED,
     Why,
     arg_ranks,
     both,
@@ -62,7 +63,7 @@ from accelify.analyses.ranks import (
     rank_source,
 )
 from accelify.analyses.samplers import SAMPLERS, recognise_sampler, sets_sampler_epoch
-from accelify.queries.blocks import enclosing_function, inside, statement_line
+from accelify.queries.blocks import enclosing_function, inside, is_docstring, statement_line
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import DATALOADERS, PROCESS, assigned_names, code_of, has_qname, process_target, qualified_names
 from accelify.queries.refs import Ref, key_at, ref_of
@@ -85,7 +86,6 @@ ALL_GATHER = both("all_gather")
 BROADCAST = both("broadcast")
 
 
-IS_INITIALIZED = both("is_initialized")
 #: the process group's backend (printed by PyTorch's DDP example): ``accelerator.state.backend``
 GET_BACKEND = both("get_backend")
 
@@ -502,15 +502,16 @@ def _backend_for_init(facts: Facts, dist: Distributed, call: cst.Call) -> bool:
     dist.remove.add(id(statement))
     for arg in call.args:
         if isinstance(arg.value, cst.Name):
-            _launch_count(facts, dist, arg.value, {id(statement)}, _SET_UP_DEVICES)
+            _launch_count(facts, dist, arg.value, {id(statement)}, _SET_UP_DEVICES, through=True)
     return True
 
 
 def _launch_count(facts: Facts, dist: Distributed, count: cst.Name, within: set[int],
-                  calls: frozenset[str] = _COUNTS) -> None:
+                  calls: frozenset[str] = _COUNTS, through: bool = False) -> None:
     """``world_size = torch.cuda.device_count()`` that only ``mp.spawn(..., nprocs=world_size)`` (``within``) reads goes
     with the launch (the tutorials' ``__main__``), and so does a count only that line reads (``world_size = n_gpus``):
-    left, they would count the GPUs for nothing. (``calls``: what the dropped values may call.)"""
+    left, they would count the GPUs for nothing. (``calls``: what the dropped values may call; ``through``: follow
+    every name a dropped value reads, ``device = torch.device(f"{acc}:{rank}")``, not only a value that is a name.)"""
     ref = ref_of(facts, count)
     assigns = facts.assigns.get(ref, []) if ref is not None else []
     if len(assigns) != 1 or len(assigns[0].targets) != 1 or not isinstance(assigns[0].targets[0].target, cst.Name):
@@ -524,9 +525,11 @@ def _launch_count(facts: Facts, dist: Distributed, count: cst.Name, within: set[
     reads = [n for n in findall(facts.module, m.Name(count.value)) if n is not target and ref_of(facts, n) == ref]
     if all(inside(facts, n, within) for n in reads):
         dist.remove.add(id(line))
-        for name in [assigns[0].value] if isinstance(assigns[0].value, cst.Name) else [
-                n for n in findall(assigns[0].value, m.Name()) if ref_of(facts, n) is not None and calls is not _COUNTS]:
-            _launch_count(facts, dist, name, within | {id(line)}, calls)
+        value = assigns[0].value
+        followed = [n for n in findall(value, m.Name()) if ref_of(facts, n) is not None] if through else (
+            [value] if isinstance(value, cst.Name) else [])
+        for name in followed:
+            _launch_count(facts, dist, name, within | {id(line)}, calls, through)
 
 
 def _process_loop(facts: Facts, dist: Distributed, call: cst.Call) -> Optional[Why]:
@@ -865,7 +868,7 @@ def _setup_helpers(facts: Facts, dist: Distributed) -> set[str]:
     helpers = set()
     for name, func in facts.functions.items():
         body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
-        statements = [s for s in body if not _is_docstring(s)]
+        statements = [s for s in body if not is_docstring(s)]
         if statements and all(id(s) in dist.end_training for s in statements):
             uses = [n for n in findall(facts.module, m.Name(name)) if n is not func.name]
             if all(_called_as_statement(facts, n) for n in uses):
@@ -897,10 +900,6 @@ def _goes(facts: Facts, dist: Distributed, statement: cst.BaseStatement) -> bool
 def _called_as_statement(facts: Facts, name: cst.Name) -> bool:
     call = facts.get_metadata(ParentNodeProvider, name, None)
     return isinstance(call, cst.Call) and call.func is name and plan_statement(facts, call) is not None
-
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())]))
 
 
 def reductions(facts: Facts, plan: Plan) -> bool:

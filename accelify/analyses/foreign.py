@@ -99,6 +99,7 @@ class Foreign:
         self.sources = sources
         self._modules: dict[tuple[str, int], Optional[tuple[cst.Module, _Metadata]]] = {}
         self._functions: dict[tuple[str, int, str], Optional[ForeignFunction]] = {}
+        self._rank_helpers: dict[tuple[str, int], dict[str, str]] = {}
 
     def function(self, dotted: str, name: str, level: int = 0) -> Optional[ForeignFunction]:
         """The module-level function ``name`` of the project's module ``dotted``; None when the module is
@@ -163,7 +164,21 @@ class Foreign:
             why = "does not return a DataLoader it builds on every return"
         return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why,
                                _console_only(module, meta, func), _optimizer_factory(meta, func), func,
-                               _process_role(module, meta, func))
+                               self._process_role(dotted, level, module, meta, func))
+
+    def _process_role(self, dotted: str, level: int, module: cst.Module, meta: _Metadata,
+                      func: cst.FunctionDef) -> Optional[str]:
+        """``ForeignFunction.role``: a rank helper, a main-process test of one, or a print silencer (the module's
+        rank helpers found once per module)."""
+        found = self._rank_helpers.get((dotted, level))
+        if found is None:
+            functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+            found = self._rank_helpers[(dotted, level)] = rank_helpers.queries(meta, functions)
+        if func.name.value in found:
+            return "rank"
+        if rank_helpers.main_process_test(func, found):
+            return "main"
+        return "print" if _silences_print(func) else None
 
     def _reexported(self, module: cst.Module, dotted: str, level: int, name: str) -> Optional[tuple[str, str, int]]:
         """``from .knn_monitor import knn_monitor`` in a package's ``__init__`` (SimSiam's ``tools``), or ``from
@@ -221,33 +236,21 @@ class Foreign:
         return False
 
 
-def _process_role(module: cst.Module, meta: _Metadata, func: cst.FunctionDef) -> Optional[str]:
-    """``ForeignFunction.role``: a rank helper, a main-process test of one, or a print silencer."""
-    if "torch.distributed" not in module.code and "setup_for_distributed" not in func.name.value:
-        return None
-    functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
-    found = rank_helpers.queries(meta, functions)
-    if func.name.value in found:
-        return "rank"
-    if rank_helpers.main_process_test(func, found):
-        return "main"
-    return "print" if _silences_print(meta, func) else None
-
-
-def _silences_print(meta: _Metadata, func: cst.FunctionDef) -> bool:
+def _silences_print(func: cst.FunctionDef) -> bool:
     """``def setup_for_distributed(is_master)``: a ``print`` defined inside that prints when its flag (or
     ``force=True``) says so, made the builtin one (``__builtin__.print = print``), nothing else called."""
     params = func.params
     if len(params.params) != 1 or not isinstance(func.body, cst.IndentedBlock):
         return False
-    printers = [f for f in findall(func.body, m.FunctionDef(name=m.Name("print")))]
+    printers = findall(func.body, m.FunctionDef(name=m.Name("print")))
     replaced = findall(func.body, m.Assign(targets=[m.AssignTarget(m.Attribute(attr=m.Name("print")))],
                                            value=m.Name("print")))
     if len(printers) != 1 or len(replaced) != 1:
         return False
-    outer = [c for c in findall(func.body, m.Call()) if not any(c is d for d in findall(printers[0], m.Call()))]
-    return not outer and all(isinstance(c.func, cst.Name) or m.matches(c.func, m.Attribute(attr=m.Name("pop")))
-                             for c in findall(printers[0], m.Call()))
+    inner = findall(printers[0], m.Call())
+    if len(findall(func.body, m.Call())) != len(inner):
+        return False  # a call outside the print it defines
+    return all(isinstance(c.func, cst.Name) or m.matches(c.func, m.Attribute(attr=m.Name("pop"))) for c in inner)
 
 
 #: what a console function may call besides printing: builtins, string and list methods, the clock

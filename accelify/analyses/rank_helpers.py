@@ -25,31 +25,26 @@ Input: the facts and the plan (its setup scope and ``cpu_flag``). Output: ``plan
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
 
 from accelify.analyses.facts import Facts
-from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, both
+from accelify.analyses.ranks import GET_RANK, GET_WORLD_SIZE, IS_INITIALIZED
+from accelify.queries.blocks import is_docstring
 from accelify.queries.names import qualified_names
 from accelify.queries.refs import MODULE
 from accelify.queries.walk import findall
 from accelify.queries.workers import run_by_workers
 
-IS_INITIALIZED = both("is_initialized")
 IS_AVAILABLE = frozenset({"torch.distributed.is_available"})
 
 #: the symbol a helper returns with a process group -> (the Accelerate attribute, its one-process value)
 ATTRIBUTES = {"rank": ("process_index", 0), "world": ("num_processes", 1), True: ("use_distributed", False)}
 
-_Value = Union[bool, int, str, None]
-
-
 def decide(facts: Facts, plan, optimizers: list[cst.Assign]) -> dict[int, str]:
     """id of each module-level rank helper the conversion rewrites -> the ``PartialState`` attribute it returns."""
-    if "torch.distributed" not in facts.module.code:
-        return {}
     found = queries(facts, facts.functions)
     if not found:
         return {}
@@ -93,15 +88,16 @@ def _plain(function: cst.FunctionDef) -> bool:
         and params.star_kwarg is None and function.asynchronous is None and isinstance(function.body, cst.IndentedBlock)
 
 
-def _attribute(facts: Facts, function: cst.FunctionDef, helpers: dict[str, str]) -> Optional[str]:
-    """The attribute ``function`` stands for, when its body is only the decision (see the module's text)."""
+def _attribute(meta, function: cst.FunctionDef, helpers: dict[str, str]) -> Optional[str]:
+    """The attribute ``function`` stands for, when its body is only the decision (see the module's text); ``meta``
+    answers qualified names, as in :func:`queries`."""
     initialised = {name for name, attribute in helpers.items() if attribute == "use_distributed"}
     body = list(function.body.body)  # type: ignore[union-attr]
-    if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])):
+    if body and is_docstring(body[0]):
         body = body[1:]
     answers = set()
     for available, group in ((True, True), (True, False), (False, False)):
-        answer = _run(facts, body, available, group, initialised)
+        answer = _run(meta, body, available, group, initialised)
         if answer is _UNKNOWN:
             return None
         answers.add((group, answer))
@@ -122,60 +118,60 @@ def _attribute(facts: Facts, function: cst.FunctionDef, helpers: dict[str, str])
 _UNKNOWN = object()
 
 
-def _run(facts: Facts, body: list[cst.BaseStatement], available: bool, group: bool, initialised: set[str]):
+def _run(meta, body: list[cst.BaseStatement], available: bool, group: bool, initialised: set[str]):
     """What ``body`` returns when torch.distributed is ``available`` and a ``group`` exists; _UNKNOWN for
     anything but the decision's statements."""
     for statement in body:
         if isinstance(statement, cst.If):
             if statement.orelse is not None and not isinstance(statement.orelse, cst.Else):
                 return _UNKNOWN
-            test = _test(facts, statement.test, available, group, initialised)
+            test = _test(meta, statement.test, available, group, initialised)
             if test is None:
                 return _UNKNOWN
             branch = statement.body if test else (statement.orelse.body if statement.orelse else None)
             if branch is None:
                 continue
-            answer = _run(facts, list(branch.body), available, group, initialised)  # type: ignore[union-attr]
+            answer = _run(meta, list(branch.body), available, group, initialised)  # type: ignore[union-attr]
             if answer is not _FALLS_THROUGH:
                 return answer
             continue
         if not m.matches(statement, m.SimpleStatementLine(body=[m.Return()])):
             return _UNKNOWN
         value = statement.body[0].value  # type: ignore[union-attr]
-        return _UNKNOWN if value is None else _value(facts, value, available, group, initialised)
+        return _UNKNOWN if value is None else _value(meta, value, available, group, initialised)
     return _FALLS_THROUGH
 
 
 _FALLS_THROUGH = object()
 
 
-def _value(facts: Facts, node: cst.BaseExpression, available: bool, group: bool, initialised: set[str]):
+def _value(meta, node: cst.BaseExpression, available: bool, group: bool, initialised: set[str]):
     if isinstance(node, cst.IfExp):
-        test = _test(facts, node.test, available, group, initialised)
+        test = _test(meta, node.test, available, group, initialised)
         if test is None:
             return _UNKNOWN
-        return _value(facts, node.body if test else node.orelse, available, group, initialised)
+        return _value(meta, node.body if test else node.orelse, available, group, initialised)
     if isinstance(node, cst.Integer):
         return int(node.value)
     if isinstance(node, cst.Call) and not node.args:
-        names = qualified_names(facts, node.func)
+        names = qualified_names(meta, node.func)
         if names & GET_RANK:
             return "rank" if group else _UNKNOWN
         if names & GET_WORLD_SIZE:
             return "world" if group else _UNKNOWN
-    test = _test(facts, node, available, group, initialised)
+    test = _test(meta, node, available, group, initialised)
     return _UNKNOWN if test is None else test
 
 
-def _test(facts: Facts, node: cst.BaseExpression, available: bool, group: bool, initialised: set[str]) -> Optional[bool]:
+def _test(meta, node: cst.BaseExpression, available: bool, group: bool, initialised: set[str]) -> Optional[bool]:
     """The truth of a test made only of ``is_available()``, ``is_initialized()``, helpers that ask them,
     ``not``, ``and``, ``or`` and ``True``/``False``; None for any other."""
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
-        inner = _test(facts, node.expression, available, group, initialised)
+        inner = _test(meta, node.expression, available, group, initialised)
         return None if inner is None else not inner
     if isinstance(node, cst.BooleanOperation):
-        left = _test(facts, node.left, available, group, initialised)
-        right = _test(facts, node.right, available, group, initialised)
+        left = _test(meta, node.left, available, group, initialised)
+        right = _test(meta, node.right, available, group, initialised)
         if left is None or right is None:
             return None
         return (left and right) if isinstance(node.operator, cst.And) else (left or right)
@@ -184,7 +180,7 @@ def _test(facts: Facts, node: cst.BaseExpression, available: bool, group: bool, 
     if isinstance(node, cst.Call) and not node.args:
         if isinstance(node.func, cst.Name) and node.func.value in initialised:
             return group
-        names = qualified_names(facts, node.func)
+        names = qualified_names(meta, node.func)
         if names & IS_INITIALIZED:
             return group
         if names & IS_AVAILABLE:

@@ -43,6 +43,9 @@ GET_RANK = both("get_rank")
 GET_WORLD_SIZE = both("get_world_size")
 
 
+IS_INITIALIZED = both("is_initialized")
+
+
 #: environment variables a launcher sets, and the Accelerator attribute each one is
 ENV_RANKS = {"LOCAL_RANK": "local_process_index", "RANK": "process_index", "WORLD_SIZE": "num_processes"}
 

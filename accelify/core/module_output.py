@@ -29,12 +29,14 @@ from accelify.queries.names import code_of
 from accelify.queries.records import Change
 
 
-def with_module_prints(result: Result, module: cst.Module, options: Options) -> Result:
-    """``result`` (a converted script) with the modules it imports whose prints change, as companions."""
+def with_module_prints(result: Result, module: cst.Module, options: Options,
+                       sources: Optional[ProjectSources] = None) -> Result:
+    """``result`` (a converted script) with the modules it imports whose prints change, as companions; ``sources``:
+    the script's project, when the caller read it already."""
     if not result.changed or result.path.endswith(".ipynb") or (
             options.select is not None and "ACC008" not in options.select):
         return result
-    sources = ProjectSources(result.path)
+    sources = sources or ProjectSources(result.path)
     taken = {os.path.realpath(result.path)} | {os.path.realpath(c.path) for c in result.companions}
     early = _used_before_the_accelerator(result.output)
     added = []

@@ -89,16 +89,18 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
 
 def _convert_parsed(module: cst.Module, source: str, path: str, options: Options) -> Result:
     """The conversion of ``source``, parsed as ``module`` (one statement per line)."""
+    sources = ProjectSources(path)  # (read once for the set-up helper, the unit and the modules' prints)
     try:
-        inlined = None if path.endswith(".ipynb") or (options.select is not None and "ACC030" not in options.select) \
-            else SetUpHelper.specialise_foreign(module, ProjectSources(path))
+        inlined = None if path.endswith(".ipynb") or SetUpHelper.HINT in source or (
+            options.select is not None and SetUpHelper.CODE not in options.select) \
+            else SetUpHelper.specialise_foreign(module, sources)
     except Exception as exc:  # a bug of ours must never cost the user a file
         return _internal_error(path, source, exc)
     if inlined is not None:
         return _with_foreign_set_up(inlined, source, path, options)
     try:
         # (a notebook's cells are one program already; its modules are not converted with it yet)
-        unit = unit_of(source, path) if not path.endswith(".ipynb") else None
+        unit = unit_of(source, path, sources) if not path.endswith(".ipynb") else None
         result = _convert_unit(unit, options) if unit is not None else None
         alone = result is None
         if alone:
@@ -110,7 +112,7 @@ def _convert_parsed(module: cst.Module, source: str, path: str, options: Options
     if alone and result.error is None and not result.changed and not result.findings:
         result.findings = training_elsewhere(source, path)  # silent otherwise: it trains nothing itself
     try:
-        result = with_module_prints(result, module, options)
+        result = with_module_prints(result, module, options, sources)
     except Exception as exc:  # a bug of ours must never cost the user a file
         return _internal_error(path, source, exc)
     result.findings = suppress(result.findings, source, options.findings)

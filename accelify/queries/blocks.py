@@ -225,3 +225,8 @@ def bound_on_all_paths(stmts: Sequence[cst.BaseStatement], name: str, exhaustive
             if bound_on_all_paths(stmt.body.body, name, exhaustive):
                 return True
     return False
+
+
+def is_docstring(statement: cst.BaseStatement) -> bool:
+    """A string alone on its line (a docstring where it opens a body)."""
+    return m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())]))
