@@ -42,6 +42,38 @@ def dedent(source: str) -> str:
 
 # Each spelling of an optimizer (or a backward) the analysis can act on.
 MUST_ANALYSE = {
+    "a hang in code on Accelerate already": dedent("""
+        import torch
+        from accelerate import Accelerator
+
+        acc = Accelerator()
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = acc.prepare(model, optimizer)
+        if acc.is_main_process:
+            acc.wait_for_everyone()
+            acc.save(acc.unwrap_model(model).state_dict(), "model.pt")
+        """),
+    "prepare of another Accelerator": script("from mylib import Accelerator", "accelerator = Accelerator()",
+                                             "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+                                             "model, optimizer = accelerator.prepare(model, optimizer)"),
+    "prepare of an Accelerator spelled otherwise": script(
+        "from accelerate import Accelerator", "\uff41ccelerator = Accelerator()",
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+        "model, optimizer = accelerator.prepare(model, optimizer)"),
+    "a wrapper's backward called in the file": dedent("""
+        import torch
+
+        class Wrapper:
+            def backward(self, loss):
+                loss.backward()
+
+        def train(model, loader, update):
+            wrapper = Wrapper()
+            for x, y in loader:
+                wrapper.backward(((model(x) - y) ** 2).mean())
+                update()
+        """),
     "torch.optim": script("optimizer = torch.optim.SGD(model.parameters(), lr=0.1)"),
     "import torch.optim as": script("import torch.optim as opt_mod", "optimizer = opt_mod.AdamW(model.parameters())"),
     "from torch import optim": script("from torch import optim", "optimizer = optim.Adam(model.parameters())"),
@@ -225,6 +257,44 @@ MUST_SKIP = {
             loss.backward()
         """),
     "no keyword at all": "print('hello')\n",
+    "prepared with its own Accelerator": HEAD.replace("import torch\n", "import torch\nfrom accelerate import Accelerator\n")
+    + dedent("""
+        accelerator = Accelerator()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)  # the loader left as its author chose
+        for (x,) in loader:
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+        """),
+    "prepared with an aliased Accelerator in a class": dedent("""
+        import torch
+        from accelerate import Accelerator as Acc
+
+        class Trainer:
+            def __init__(self, model):
+                self.accelerator = Acc(mixed_precision="bf16")
+                self.optimizer = torch.optim.AdamW(model.parameters())
+                self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+
+            def step(self, loss):
+                self.accelerator.backward(loss)
+                self.optimizer.step()
+        """),
+    "a wrapper's backward method (DeepSpeed's)": dedent("""
+        import torch
+
+        class EngineWrapper:
+            def __init__(self, engine):
+                self.engine = engine
+
+            def backward(self, loss, **kwargs):
+                self.engine.backward(loss, **kwargs)
+                self.engine.step()
+        """),
 }
 
 
@@ -251,6 +321,12 @@ def test_optimizer_name_pattern_is_plans() -> None:
 
     assert precheck._OPTIMIZER_NAME.pattern == plan._OPTIMIZER_NAME.pattern
     assert precheck._OPTIMIZER_NAME.flags == plan._OPTIMIZER_NAME.flags
+
+
+def test_the_precheck_s_copy_of_the_collectives_stays_equal():
+    from accelify.analyses import hazards
+
+    assert precheck._COLLECTIVES == hazards.COLLECTIVES
 
 
 def test_the_precheck_s_copies_of_the_evaluation_analysis_stay_equal():

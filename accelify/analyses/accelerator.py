@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from libcst.metadata import Assignment, ScopeProvider
+from libcst.metadata import Assignment, ParentNodeProvider, ScopeProvider
 
 from accelify.analyses.facts import Facts, param_names
 from accelify.queries.blocks import scope_root
@@ -27,6 +27,25 @@ from accelify.queries.refs import MODULE, Ref, scope_key
 
 if TYPE_CHECKING:
     from accelify.analyses.plan import Plan
+
+
+def prepared_by_hand(facts: Facts) -> Optional[cst.Call]:
+    """A call ``accelerator.prepare(...)`` of an Accelerator the file creates itself
+    (``accelerator = Accelerator()`` or ``self.accelerator = Accelerator()``, any scope): the file is on
+    Accelerate already, converted by its author or by accelify, and is left as it is (no rewrite, no
+    finding: a second conversion would prepare objects twice). ``accelify.core.precheck`` knows the
+    same before any parse."""
+    created = set()
+    for call in facts.calls:
+        parent = facts.get_metadata(ParentNodeProvider, call, None)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and \
+                has_qname(facts, call.func, ACCELERATOR_CLASS):
+            created.add(get_full_name_for_node(parent.targets[0].target))
+    created.discard(None)
+    if not created:
+        return None
+    return next((call for call in facts.calls if isinstance(call.func, cst.Attribute)
+                 and call.func.attr.value == "prepare" and get_full_name_for_node(call.func.value) in created), None)
 
 
 def spelling(facts: Facts, plan: Plan) -> bool:

@@ -34,7 +34,7 @@ COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "r
 def untrained_backward(facts: Facts, plan: Plan) -> None:
     """ACC125: a file that runs a backward but has no optimizer accelify recognises is left as it
     is: say so (the parameters are updated by hand, or by an optimizer from a factory)."""
-    backwards = [c for c in facts.backwards if _tensor_backward(facts, c)
+    backwards = [c for c in facts.backwards if _tensor_backward(facts, c) and not _delegating(facts, c)
                  and code_of(c.func.value) not in ACCELERATOR_SPELLINGS]  # type: ignore[attr-defined]
     if not backwards or plan.has_accelerator or findall(facts.module, m.Name("Accelerator")):
         return
@@ -125,6 +125,13 @@ def backwards_in_reach(facts: Facts, plan: Plan) -> bool:
     return True
 
 
+def _delegating(facts: Facts, call: cst.Call) -> bool:
+    """A backward inside a function named ``backward`` (DeepSpeed's wrapper, ``def backward(self, loss):
+    self.engine.backward(loss)``): it trains nothing until the wrapper is called, and that call is the file's
+    backward if the file makes one. ``accelify.core.precheck`` skips the same."""
+    return "backward" in (key_at(facts, call) or "").split(".")
+
+
 def _tensor_backward(facts: Facts, call: cst.Call) -> bool:
     """``loss.backward()``, not the function ``torch.autograd.backward(...)``."""
     return not qualified_names(facts, call.func.value) & {"torch.autograd", "torch"}  # type: ignore[attr-defined]
@@ -163,12 +170,20 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
     _swallowed_steps(facts, plan)
     refused = _wrapped_model_attributes(facts, plan) or _evaluated_by_one_process(facts, plan)
     refused = _container_models(facts, plan) or refused
+    collectives_under_main_process(facts, plan)
+    return not refused
+
+
+def collectives_under_main_process(facts: Facts, plan: Plan) -> None:
+    """ACC116: ``accelerator.wait_for_everyone()`` (a collective) inside ``if accelerator.is_main_process:``: the
+    other processes never reach it and the run hangs. Said of a converted file, and of one on Accelerate already
+    (the one thing accelify says of those: ``accelify.analyses.accelerator.prepared_by_hand``)."""
     for call in facts.calls:
         func = call.func
         if (
             isinstance(func, cst.Attribute)
             and func.attr.value in COLLECTIVES
-            and cst.Module(body=[]).code_for_node(func.value) in (plan.accelerator, *ACCELERATOR_SPELLINGS)
+            and code_of(func.value) in (plan.accelerator, *ACCELERATOR_SPELLINGS)
             and under_main_process_check(facts, call)
         ):
             facts.finding(
@@ -176,8 +191,6 @@ def multi_process(facts: Facts, plan: Plan) -> bool:
                 "processes never reach it and the run hangs.",
                 "call it outside the `if accelerator.is_main_process:` block, on every process.",
             )
-
-    return not refused
 
 
 #: exceptions every process meets at the same point (the end of an iterator) or that end the run

@@ -53,6 +53,7 @@ from accelify.analyses.foreign import Foreign, Sources, called_class, called_fun
 from accelify.analyses.mixed_precision import AUTOCASTS  # noqa: F401 (codemods/mixed_precision.py)
 from accelify.analyses.objects import _OPTIMIZER_NAME  # noqa: F401 (tests/test_precheck.py compares precheck's copy)
 from accelify.queries import walk
+from accelify.queries.names import code_of
 from accelify.queries.records import RawFinding
 from accelify.queries.refs import MODULE, Ref
 
@@ -316,6 +317,11 @@ def _decide(facts: Facts) -> Plan:
     that refuses the file reports why (a finding) and the plan stays not ``convertible``."""
     plan = Plan(elsewhere=facts.elsewhere)
     facts.plan = plan  # what the shared helpers ask of it (`under_main_process_check` and a rank test)
+    prepared = accelerator.prepared_by_hand(facts)
+    if prepared is not None:  # on Accelerate already: nothing to convert, only a hang to say
+        plan.accelerator = code_of(prepared.func.value)  # type: ignore[attr-defined]
+        hazards.collectives_under_main_process(facts, plan)
+        return plan
     optimizers = factories.redirect(facts, objects.optimizers(facts))
     if not optimizers:
         hazards.untrained_backward(facts, plan)

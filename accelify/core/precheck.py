@@ -81,17 +81,23 @@ def _may_train(tree: ast.AST, source: str) -> bool:
     values: list[ast.expr] = []  # every assigned value
     trained: set[str] = set()  # names assigned a value with a `.parameters()` call in it
     roots: set[str] = set()  # the top-level packages the file imports (absolute imports)
-    backward = False
     methods = False  # a module method is called (`.eval()`, `.to(...)`): _evaluates needs one
     functions: list[ast.AST] = []  # every function: the scopes _evaluates looks in
     loaders = False  # `DataLoader` is named
     named: list[ast.AST] = []  # what is named `Accelerator` (_names_accelerator)
+    backwards: list[ast.Call] = []  # `.backward(...)` calls
+    delegates: list[ast.AST] = []  # functions named `backward` (_delegated)
+    prepares: list[ast.Call] = []  # `.prepare(...)` calls (_prepared_by_hand)
+    created: list[ast.Assign] = []  # `name = f(...)` (_prepared_by_hand)
+    classes: dict[str, ast.alias] = {}  # local name -> its `from accelerate import Accelerator`
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute):
                 if func.attr == "backward":
-                    backward = True
+                    backwards.append(node)
+                elif func.attr == "prepare":
+                    prepares.append(node)
                 elif func.attr in _MODULE_METHODS:
                     methods = True
         elif isinstance(node, (ast.Name, ast.Attribute)):
@@ -103,6 +109,8 @@ def _may_train(tree: ast.AST, source: str) -> bool:
             continue
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions.append(node)
+            if node.name == "backward":
+                delegates.append(node)
             continue
         elif isinstance(node, ast.ClassDef):
             if node.name == "Accelerator":
@@ -113,6 +121,8 @@ def _may_train(tree: ast.AST, source: str) -> bool:
                 values.append(node.value)
                 if isinstance(node, ast.Assign) and _has_parameters(node.value):
                     trained.update(t.id for t in node.targets if isinstance(t, ast.Name))
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1:
+                    created.append(node)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 roots.add(alias.name.split(".")[0])
@@ -131,11 +141,17 @@ def _may_train(tree: ast.AST, source: str) -> bool:
                     loaders = True
                 if alias.name == "Accelerator":
                     named.append(alias)
+                    if not node.level and node.module in _ACCELERATE_MODULES:
+                        classes[alias.asname or alias.name] = alias
                 if alias.name != "*":
                     dotted = f"{base}.{alias.name}" if node.module else base + alias.name
                     imports.setdefault(alias.asname or alias.name, []).append(dotted)
+    if prepares and classes and _prepared_by_hand(classes, created, prepares, source):
+        # on Accelerate already (accelify.analyses.accelerator.prepared_by_hand): only a hang is said
+        return _collective_under_test(tree)
     if roots & _OTHER_FRAMEWORKS and "torch" not in roots:
         return False  # a script of another framework (its `loss.backward()`, its optimizers)
+    backward = bool(backwards) and (not delegates or _delegated(backwards, delegates) < len(backwards))
     while values:
         value = values.pop()
         if isinstance(value, ast.IfExp):
@@ -305,6 +321,75 @@ def _names_accelerator(named: list[ast.AST], source: str) -> bool:
 
 
 _CLASS = re.compile(rb"class[ \t\f]+Accelerator\b")
+#: The modules whose ``Accelerator`` is ``accelify.queries.names.ACCELERATOR_CLASS`` (or a part of them).
+_ACCELERATE_MODULES = frozenset({"accelerate", "accelerate.accelerator", "accelify.runtime"})
+
+
+#: Copy of ``accelify.analyses.hazards.COLLECTIVES`` (tests/test_precheck.py checks they stay equal).
+_COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+_MAIN_TESTS = frozenset({"is_main_process", "is_local_main_process"})
+
+
+def _collective_under_test(tree: ast.AST) -> bool:
+    """A collective call (``x.wait_for_everyone()``) inside an ``if`` (or a conditional expression) whose test
+    names ``is_main_process`` or ``is_local_main_process``, or has a plain name as a term of its ``and``s (a main
+    flag of converted code): what ``accelify.analyses.ranks.under_main_process_check`` could take for ACC116."""
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.If, ast.IfExp)):
+            continue
+        terms, test = [node.test], node.test
+        while any(isinstance(t, ast.BoolOp) and isinstance(t.op, ast.And) for t in terms):
+            terms = [v for t in terms for v in (t.values if isinstance(t, ast.BoolOp) and isinstance(t.op, ast.And)
+                                                 else [t])]
+        if not (any(isinstance(t, ast.Name) for t in terms) or any(
+                isinstance(n, ast.Attribute) and n.attr in _MAIN_TESTS for n in ast.walk(test))):
+            continue
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _COLLECTIVES
+               for n in ast.walk(node)):
+            return True
+    return False
+
+
+def _delegated(backwards: list[ast.Call], delegates: list[ast.AST]) -> int:
+    """How many of ``backwards`` are inside a function named ``backward`` (a wrapper's ``def backward(self,
+    loss): self.engine.backward(loss)``, which trains nothing until it is called): ``hazards.untrained_backward``
+    does not report those."""
+    inside = {id(node) for function in delegates for node in ast.walk(function)}
+    return sum(id(call) in inside for call in backwards)
+
+
+def _prepared_by_hand(classes: dict[str, ast.alias], created: list[ast.Assign], prepares: list[ast.Call],
+                      source: str) -> bool:
+    """``accelerator.prepare(...)`` of an ``accelerator = Accelerator(...)`` (``self.accelerator`` too), the class
+    imported from accelerate: a subset of what ``accelify.analyses.accelerator.prepared_by_hand`` takes, every
+    name checked as written (CPython's identifiers are NFKC-normalised, LibCST's are not)."""
+    lines = source.encode("utf-8", "surrogatepass").splitlines()
+
+    def written(node: ast.AST, identifier: str, end: bool = False) -> bool:
+        number = (node.end_lineno if end else node.lineno) or 0
+        if not 0 < number <= len(lines) or node.end_col_offset is None:
+            return False
+        text = identifier.encode()
+        start = node.end_col_offset - len(text) if end else node.col_offset
+        return lines[number - 1][start:start + len(text)] == text
+
+    def dotted(node: ast.expr) -> Optional[str]:
+        if isinstance(node, ast.Name) and written(node, node.id):
+            return node.id
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+                and written(node.value, "self") and written(node, node.attr, end=True):
+            return f"self.{node.attr}"
+        return None
+
+    imported = {name for name, alias in classes.items() if alias.lineno == alias.end_lineno
+                and lines[alias.lineno - 1][alias.col_offset:alias.end_col_offset].split()
+                in ([b"Accelerator"], [b"Accelerator", b"as", name.encode()])}
+    accelerators = {dotted(a.targets[0]) for a in created if isinstance(a.value, ast.Call)  # type: ignore[attr-defined]
+                    and isinstance(a.value.func, ast.Name) and a.value.func.id in imported
+                    and written(a.value.func, a.value.func.id)}
+    accelerators.discard(None)
+    return any(isinstance(call.func, ast.Attribute) and written(call.func, "prepare", end=True)
+               and dotted(call.func.value) in accelerators for call in prepares)
 
 
 def _builds_optimizer(call: ast.Call, imports: dict[str, list[str]], trains: bool) -> bool:
