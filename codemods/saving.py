@@ -13,7 +13,7 @@ from accelify.analyses.distributed import BARRIER
 from accelify.analyses.early_stop import EarlyStops
 from accelify.analyses.plan import Plan
 from accelify.analyses.ranks import rank_attribute, under_main_process_check
-from accelify.queries.blocks import enclosing_function, opened_around, under_rank_test
+from accelify.queries.blocks import enclosing_function, handed_values, opened_around, under_rank_test
 from accelify.queries.names import TORCH_LOAD, TORCH_SAVE, code_of, qualified_names
 from accelify.queries.refs import assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.training import direct_calls
@@ -61,7 +61,7 @@ class Saving(AccelifyCodemod):
 
     @classmethod
     def applies(cls, plan: Plan, code: str) -> bool:
-        return "save(" in code
+        return "save(" in code or bool(plan.foreign_writers)
 
     def visit_Module(self, node: cst.Module) -> None:
         self._taint = EarlyStops(self, self.plan, node, [], [])
@@ -85,30 +85,13 @@ class Saving(AccelifyCodemod):
             first = call.args[0].value  # type: ignore[attr-defined]
             if isinstance(first, cst.Name):  # `checkpoint = {...}` or `checkpoint = model.state_dict()`
                 dicts.extend(v for v in assigned_values(self, first) if isinstance(v, (cst.Dict, cst.Call)))
-                dicts.extend(self._handed_dicts(module, first))
+                dicts.extend(v for _, v in handed_values(self, module, first) if isinstance(v, cst.Dict))
             elif isinstance(first, cst.Dict):
                 dicts.append(first)
+        # what a call of another module's function that writes files hands it (`utils.save_checkpoint({"model":
+        # model.state_dict(), ...}, path)`): written to a file too, by the main process (ACC017)
+        dicts += [a.value for c in findall(module, m.Call()) if id(c) in self.plan.foreign_writers for a in c.args]
         return dicts
-
-    def _handed_dicts(self, module: cst.Module, name: cst.Name) -> list[cst.Dict]:
-        """``save_checkpoint({"state_dict": model.state_dict(), ...}, is_best, path)``: the dicts the calls
-        of a module-level helper hand to the parameter its ``torch.save`` writes."""
-        function = enclosing_function(self, name)
-        if function is None or not any(f is function for f in module.body):
-            return []
-        params = [p.name.value for p in function.params.params]
-        if name.value not in params:
-            return []
-        position = params.index(name.value)
-        found = []
-        for call in findall(module, m.Call(func=m.Name(function.name.value))):
-            args = call.args  # type: ignore[attr-defined]
-            keyword = [a.value for a in args if a.keyword is not None and a.keyword.value == name.value]
-            positional = [a.value for a in args if a.keyword is None]
-            value = keyword[0] if keyword else positional[position] if position < len(positional) else None
-            if isinstance(value, cst.Dict):
-                found.append(value)
-        return found
 
     def _model_states(self, dicts: list[cst.BaseExpression]) -> set[int]:
         """``model.state_dict()`` calls in those checkpoints: saved from the unwrapped model."""

@@ -67,6 +67,8 @@ RUNNABLE = {
     "loaders_from_helper_runnable": Expect(evals=("Test set",)),
     "trainer_receives_objects": Expect(saves=("checkpoint.pt",)),
     "factory_runnable": Expect(saves=("checkpoint.pt",)),
+    # the state handed to a helper's torch.save: was written on every process, the model's keys `module.`-prefixed
+    "checkpoint_helper_state": Expect(saves=("checkpoint.pth.tar",) * 2, repeated_saves=("checkpoint.pth.tar",)),
     "factory_dict": Expect(),
     "trainer_builds_optimizer": Expect(evals=("Test set", "after epoch"), invariant=("after epoch",)),
     "counters_on_device": Expect(evals=("Test set",)),

@@ -99,3 +99,29 @@ def test_a_checkpoint_dict_handed_to_a_save_helper_holds_the_unwrapped_model() -
     assert '"optimizer": optimizer.state_dict(),' in output
     assert "    if accelerator.is_main_process:\n        torch.save(state" in output  # written once
     assert_stable(output)
+
+
+def test_a_save_helper_in_a_function_takes_the_accelerator_to_write_once() -> None:
+    """The ImageNet example's `save_checkpoint(state, is_best)` called from `main()`, with no rank test around
+    it: the helper could not reach the Accelerator, so its `torch.save` and `shutil.copyfile` stayed on every
+    process (verify's side-effect check: "writes checkpoint.pth.tar on every process")."""
+    output = convert((FIXTURES / "checkpoint_helper_state" / "before.py").read_text()).output
+    assert "def save_checkpoint(accelerator, state, is_best, " in output
+    assert "    if accelerator.is_main_process:\n        torch.save(state, filename)\n" in output
+    assert "save_checkpoint(accelerator, {\"epoch\": epoch + 1, \"state_dict\": accelerator.unwrap_model(model)" \
+        in output
+
+
+def test_a_save_helper_called_by_the_main_process_only_is_left_as_it_is() -> None:
+    """The same call under a rank test (tczhangzhi's `if args.local_rank == 0:`, MoCo's): the converted test
+    decides who writes; the helper keeps its signature (no second guard inside it, which would also stop the
+    other nodes' local main processes)."""
+    source = (FIXTURES / "ddp_torchrun_runnable" / "before.py").read_text()
+    helper = "def save_checkpoint(state, filename):\n    torch.save(state, filename)\n\n\n"
+    source = source.replace("def main", helper + "def main", 1).replace(
+        'torch.save(model.module.state_dict(), "model.pt")', 'save_checkpoint({"model": model.module.state_dict()}, "model.pt")')
+    assert helper in source and "save_checkpoint({" in source
+    result = convert(source)
+    assert result.changed, result.findings
+    assert helper in result.output
+    assert 'save_checkpoint({"model": accelerator.unwrap_model(model).state_dict()}, "model.pt")' in result.output

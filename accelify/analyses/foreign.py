@@ -26,12 +26,13 @@ function the script calls, :class:`Foreign` parses its module once and answers:
   without ``exist_ok=True`` or manages processes: none of the above is claimed for it (ACC135 still
   says why the file is left).
 
-Only what the function itself does is read, not the functions it calls: one that calls another
-function of the project is ``unsafe``.
+What the function runs of the project (a function, a dataset class it builds) is read with the same
+rules, transitively: code of the project that places, trains, downloads or writes makes it ``unsafe``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
@@ -100,6 +101,8 @@ class Foreign:
         self._modules: dict[tuple[str, int], Optional[tuple[cst.Module, _Metadata]]] = {}
         self._functions: dict[tuple[str, int, str], Optional[ForeignFunction]] = {}
         self._rank_helpers: dict[tuple[str, int], dict[str, str]] = {}
+        #: (module, level, name) of project code a read function runs -> why it is unsafe ("" when safe)
+        self._why: dict[tuple[str, int, str], str] = {}
 
     def function(self, dotted: str, name: str, level: int = 0) -> Optional[ForeignFunction]:
         """The module-level function ``name`` of the project's module ``dotted``; None when the module is
@@ -148,10 +151,11 @@ class Foreign:
             return self.function(*source) if source is not None else None
         calls = findall(func.body, m.Call())
         nested = findall(func.body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal())
-        culprit = next((call for call in calls if self._unsafe(meta, call)), None)
+        culprit = next((call for call in calls if self._unsafe(meta, call, (dotted, level))), None)
         unsafe = bool(nested) or culprit is not None
         why = ("defines functions or classes inside it" if nested else
-               f"runs `{cst.Module(body=[]).code_for_node(culprit)}`" if culprit is not None else "")
+               f"runs `{code_of(culprit)}`{self.why_unsafe(meta, culprit, (dotted, level))}" if culprit is not None
+               else "")
         # a loader function that writes (a cache file) would write it on every process: not vouched for
         writes = any(qualified_names(meta, c.func) & WRITERS or _opens_for_writing(meta, c) or m.matches(
             c.func, m.Attribute(attr=m.Name("save") | m.Name("savefig"))) for c in calls)
@@ -205,9 +209,9 @@ class Foreign:
                     return target, code_of(alias.name), target_level
         return None
 
-    def _unsafe(self, meta: _Metadata, call: cst.Call) -> bool:
-        """Does the call place tensors, train, synchronise, download, or run code of the project that is not
-        read here (a function or class of this module or of another of the project)?"""
+    def _unsafe(self, meta: _Metadata, call: cst.Call, where: tuple[str, int], seen: frozenset = frozenset()) -> bool:
+        """Does the call place tensors, train, synchronise, download, or run code of the project that does
+        (a function or class of this module, ``where``, or of another of the project: :meth:`_runs_safely`)?"""
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "download" and not m.matches(
                     arg.value, m.Name("False") | m.Name("None")):
@@ -218,22 +222,85 @@ class Foreign:
             return True
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in _FETCHES_ATTRS:
             return True  # `dataset.download()`, `archive.extractall(...)`: every process would
-        found = meta.get_metadata(QualifiedNameProvider, call.func, set())
-        for name in found:
+        for name in meta.get_metadata(QualifiedNameProvider, call.func, set()):
             if name.name.startswith(("torch.cuda", "torch.distributed", "accelerate", *_FETCHES)):
                 return True
             if name.name in ("os.makedirs", "os.mkdir") and not any(
                     a.keyword is not None and a.keyword.value == "exist_ok" and m.matches(a.value, m.Name("True"))
                     for a in call.args):
                 return True  # two processes race to make it
-            if name.source is QualifiedNameSource.LOCAL and isinstance(call.func, cst.Name):
-                return True  # this module's own function or class: not read
+        key = self._project_key(meta, call.func, where)
+        return key is not None and not self._runs_safely(*key, seen)
+
+    def _project_key(self, meta: _Metadata, func: cst.BaseExpression, where: tuple[str, int]
+                     ) -> Optional[tuple[str, int, str]]:
+        """The project's definition a callee (or a base class) names: one of this module, ``where``, by its
+        name, or one another module of the project defines, imported; as (module, level, name)."""
+        for name in meta.get_metadata(QualifiedNameProvider, func, set()):
+            if name.source is QualifiedNameSource.LOCAL and isinstance(func, cst.Name):
+                return (*where, func.value)
             if name.source is QualifiedNameSource.IMPORT:
                 full, level = split_relative(name.name)
-                dotted = full.rpartition(".")[0]
+                dotted, _, attr = full.rpartition(".")
                 if dotted and self.sources.module_source(dotted, level):
-                    return True  # another module of the project
-        return False
+                    return dotted, level, attr
+        return None
+
+    def why_unsafe(self, meta: _Metadata, call: cst.Call, where: tuple[str, int]) -> str:
+        """What makes the project code ``call`` runs unsafe (``, whose code runs `self.x.cuda()```), for a
+        finding; empty for a call unsafe itself."""
+        key = self._project_key(meta, call.func, where)
+        return self._why.get(key, "") if key is not None else ""
+
+    def _runs_safely(self, dotted: str, level: int, name: str, seen: frozenset) -> bool:
+        """A module-level function or class ``name`` of the project's module ``dotted`` whose code is safe to run
+        on every process: read with :meth:`_unsafe`'s rules, the project code it runs read in turn (a dataset
+        class built in a loader function: SimSiam's, PointNet's ``get_loaders`` making their ``Dataset``). For a
+        class, every method (a DataLoader's workers run ``__getitem__``) and the project classes it derives
+        from; neither may write files (every process would), define functions inside its code, or declare
+        ``global``. A function or class the reading meets again is being read already."""
+        key = (dotted, level, name)
+        if key in seen:
+            return True
+        if key not in self._why:
+            self._why[key] = ", which is not read"  # (until read)
+            self._why[key] = self._read_safely(dotted, level, name, seen | {key})
+        return not self._why[key]
+
+    def _read_safely(self, dotted: str, level: int, name: str, seen: frozenset) -> str:
+        """Empty when safe; else why not (``, whose code runs `x.cuda()```)."""
+        parsed = self._module(dotted, level)
+        if parsed is None:
+            return ", which is not read"
+        module, meta = parsed
+        definition = next((s for s in reversed(module.body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))
+                           and s.name.value == name), None)
+        if definition is None:
+            source = self._reexported(module, dotted, level, name)
+            if source is None or not self._runs_safely(*source, seen):
+                return self._why.get(source, "") if source is not None else ", which is not read"
+            return ""
+        bodies: list[cst.CSTNode] = [definition.body]
+        if isinstance(definition, cst.ClassDef):
+            for base in definition.bases:  # a project class it derives from runs too (`class Train(Base)`)
+                key = self._project_key(meta, base.value, (dotted, level))
+                if key is not None and not self._runs_safely(*key, seen):
+                    return f", whose base class `{code_of(base.value)}`" + re.sub(r"^, (whose code|which) ", " ",
+                                                                                   self._why[key])
+            methods = [s for s in definition.body.body if isinstance(s, cst.FunctionDef)]
+            bodies = [f.body for f in methods] + [s for s in definition.body.body if not isinstance(s, cst.FunctionDef)]
+        for body in bodies:
+            if findall(body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal()):
+                return ", which defines a function or class inside its code"
+            calls = findall(body, m.Call())
+            for call in calls:
+                if qualified_names(meta, call.func) & WRITERS or _opens_for_writing(meta, call) or m.matches(
+                        call.func, m.Attribute(attr=m.Name("save") | m.Name("savefig"))):
+                    return f", which writes a file on every process (`{code_of(call)}`)"
+            for call in calls:
+                if self._unsafe(meta, call, (dotted, level), seen):
+                    return f", whose code runs `{code_of(call)}`" + self.why_unsafe(meta, call, (dotted, level))
+        return ""
 
 
 def _silences_print(func: cst.FunctionDef) -> bool:
@@ -304,7 +371,7 @@ _MODEL_PARAMETERS = frozenset({"parameters", "named_parameters", "named_modules"
 def _optimizer_factory(meta: _Metadata, func: cst.FunctionDef) -> Optional[tuple[str, ...]]:
     """The parameters of ``func`` whose parameters the optimizer it builds and returns trains, when it is an
     optimizer factory (see the module's docstring: ``trains``); None otherwise."""
-    if findall(func.body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal() | m.Lambda() | m.Yield()):
+    if findall(func.body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal() | m.Yield()):
         return None
     for call in findall(func.body, m.Call()):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in _PLACES | _TRAINS:

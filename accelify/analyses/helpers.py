@@ -22,7 +22,9 @@ from libcst.metadata import ScopeProvider
 
 from accelify.analyses.device_kinds import is_option_device
 from accelify.analyses.facts import KINDS, Facts, chain_root, param_names
+from accelify.analyses.ranks import under_main_process_check
 from accelify.analyses.unwrapping import model_attribute
+from accelify.queries.blocks import handed_values
 from accelify.queries.names import TORCH_SAVE, code_of, has_qname
 from accelify.queries.refs import MODULE, assigned_values, key_at, receiver_refs, ref_of
 from accelify.queries.walk import findall
@@ -240,6 +242,10 @@ def _saves_model(facts: Facts, plan: Plan, saved: cst.BaseExpression) -> bool:
     values = [saved]
     if isinstance(saved, cst.Name):
         values += [v for v in assigned_values(facts, saved) if isinstance(v, cst.Dict)]
+        # handed one (`def save_checkpoint(state, is_best)`) by a call every process makes: the helper writes it
+        # once through the accelerator (a call under a main-process check is made by one process already)
+        values += [v for call, v in handed_values(facts, facts.module, saved)
+                   if isinstance(v, cst.Dict) and not under_main_process_check(facts, call)]
     for value in values:
         parts = [e.value for e in value.elements if isinstance(e, cst.DictElement)] if isinstance(
             value, cst.Dict) else [value]

@@ -11,6 +11,7 @@ import libcst.matchers as m
 
 from accelify.queries.names import assigned_names, code_of, qualified_names, root_name
 from accelify.queries.refs import MODULE
+from accelify.queries.walk import findall
 
 Body = Union[cst.Module, cst.IndentedBlock]
 
@@ -103,6 +104,29 @@ def enclosing_function(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Opt
     while parent is not None and not isinstance(parent, cst.FunctionDef):
         parent = visitor.get_metadata(ParentNodeProvider, parent, None)
     return parent
+
+
+def handed_values(visitor: cst.MetadataDependent, module: cst.Module, name: cst.Name
+                  ) -> list[tuple[cst.Call, cst.BaseExpression]]:
+    """``name`` a parameter of a module-level function (``def save_checkpoint(state, is_best, filename)``): the
+    function's calls in ``module`` and the value each hands it, by position or keyword (``save_checkpoint(
+    {"state_dict": model.state_dict(), ...}, is_best)``); none for any other name."""
+    function = enclosing_function(visitor, name)
+    if function is None or not any(f is function for f in module.body):
+        return []
+    params = [p.name.value for p in function.params.params]
+    if name.value not in params:
+        return []
+    position = params.index(name.value)
+    found = []
+    for call in findall(module, m.Call(func=m.Name(function.name.value))):
+        args = call.args  # type: ignore[attr-defined]
+        keyword = [a.value for a in args if a.keyword is not None and a.keyword.value == name.value]
+        positional = [a.value for a in args if a.keyword is None]
+        value = keyword[0] if keyword else positional[position] if position < len(positional) else None
+        if value is not None:
+            found.append((call, value))
+    return found
 
 
 def statement_line(visitor: cst.MetadataDependent, node: cst.CSTNode) -> Optional[cst.SimpleStatementLine]:
