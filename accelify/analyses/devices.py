@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider, ScopeProvider
+from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, ScopeProvider
 
 from accelify.analyses.accelerator import Arguments
-from accelify.analyses.device_kinds import chosen_index, classify_device, per_process_device
+from accelify.analyses.device_kinds import DeviceKind, chosen_index, classify_device, per_process_device
 from accelify.analyses.facts import Facts, chain_root
-from accelify.queries.blocks import inside, statement_line, under
+from accelify.analyses.foreign import called_function
+from accelify.queries.blocks import inside, is_docstring, statement_line, under
 from accelify.queries.devices import is_availability_check
 from accelify.queries.names import code_of, param_names, read_names, string_value
 from accelify.queries.refs import MODULE, Ref, key_at, ref_of
@@ -38,7 +39,8 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
     """Classify the device variables of the setup scope; False when the file must stay as it is."""
     plan.devices.update(_handed_devices(facts, plan))
     for ref, assigns in in_owner.items():
-        kinds = [classify_device(facts, a.value) for a in assigns if facts.single_target(a) == ref]
+        kinds = [classify_device(facts, a.value) or _device_function(facts, a.value) for a in assigns
+                 if facts.single_target(a) == ref]
         if not any(kinds):
             continue
         name = ref[1]
@@ -91,6 +93,33 @@ def classify(facts: Facts, plan: Plan, in_owner: dict[Ref, list[cst.Assign]]) ->
                           "decide the device with `Accelerator(cpu=...)` and use `accelerator.device`.")
             return False
     return True
+
+
+def _device_function(facts: Facts, value: cst.BaseExpression) -> Optional[DeviceKind]:
+    """``device = get_device()``: a call, with no arguments, of a function of this file or of another module of the
+    project (``from utils import get_device``) that takes none and whose body is only ``return <device>`` (a
+    docstring aside): the kind of that device. The call then goes with the assignment (it does nothing else)."""
+    if not isinstance(value, cst.Call) or value.args or not isinstance(value.func, cst.Name):
+        return None
+    visitor: object = facts
+    func = facts.functions.get(value.func.value)
+    scope = facts.get_metadata(ScopeProvider, value.func, None)
+    if func is None or scope is None or [a.node for a in scope[value.func.value]] != [func]:
+        function = called_function(facts, facts.module, facts.foreign, value.func)
+        func = function.node if function is not None else None
+        visitor = facts.foreign.metadata(function) if function is not None and facts.foreign is not None else None
+    if func is None or visitor is None or func.decorators or func.params.params or func.params.star_arg not in (
+            None, cst.MaybeSentinel.DEFAULT) or func.params.kwonly_params or func.params.star_kwarg is not None:
+        return None
+    body = [s for s in (func.body.body if isinstance(func.body, cst.IndentedBlock) else ()) if not is_docstring(s)]
+    if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Return(value=m.DoNotCare())])):
+        return None
+    returned = body[0].body[0].value  # type: ignore[attr-defined]
+    if returned is None or not all(name.value in ("True", "False", "None") or {
+            q.name.split(".")[0] for q in visitor.get_metadata(QualifiedNameProvider, name, set())}  # type: ignore[attr-defined]
+            == {"torch"} for name in read_names(returned)):
+        return None  # it reads a flag (`args.no_cuda`) or a global: what the call means is not the function's alone
+    return classify_device(visitor, returned)  # type: ignore[arg-type]
 
 
 def _handed_devices(facts: Facts, plan: Plan) -> set[str]:

@@ -82,6 +82,7 @@ class ForeignFunction:
     #: rank_helpers): "rank" (``get_rank()``, ``get_world_size()`` asking torch.distributed when a group exists),
     #: "main" (``return get_rank() == 0``), "print" (``setup_for_distributed(is_master)``: print on the master only)
     role: Optional[str] = None
+    level: int = 0  # of the module (``from .utils import ...``: 1)
 
 
 class _Metadata:
@@ -127,6 +128,11 @@ class Foreign:
         source = self._reexported(module, dotted, level, name)
         return self.class_def(*source, seen=seen | {(dotted, level, name)}) if source is not None else None
 
+    def metadata(self, function: ForeignFunction) -> Optional[_Metadata]:
+        """What the queries ask of ``function``'s module (its scopes, qualified names, parents)."""
+        parsed = self._module(function.module, function.level)
+        return parsed[1] if parsed is not None else None
+
     def _module(self, dotted: str, level: int) -> Optional[tuple[cst.Module, _Metadata]]:
         if (dotted, level) not in self._modules:
             text = self.sources.module_source(dotted, level)
@@ -168,7 +174,7 @@ class Foreign:
             why = "does not return a DataLoader it builds on every return"
         return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why,
                                _console_only(module, meta, func), _optimizer_factory(meta, func), func,
-                               self._process_role(dotted, level, module, meta, func))
+                               self._process_role(dotted, level, module, meta, func), level)
 
     def _process_role(self, dotted: str, level: int, module: cst.Module, meta: _Metadata,
                       func: cst.FunctionDef) -> Optional[str]:
