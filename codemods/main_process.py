@@ -88,6 +88,12 @@ class MainProcessOutput(AccelifyCodemod):
         return "print(" in code or "tqdm" in code or "trange" in code or ".write(" in code or "thop" in code
 
     def visit_Module(self, node: cst.Module) -> None:
+        # Functions a print of which becomes `PartialState().print` when the Accelerator does not reach it: not
+        # what a DataLoader's workers run, not with `Accelerator(cpu=...)` (a state made before it would not
+        # know `cpu=True`), not in a notebook (`notebook_launcher` refuses a state made before it), not where
+        # the script binds `PartialState` itself.
+        self._in_workers = run_by_workers(node) if self.plan.cpu_flag is None and not str(
+            self.context.filename or "").endswith(".ipynb") and not findall(node, m.Name("PartialState")) else None
         # Statements of the setup block that run before the Accelerator is created.
         self._before: set[int] = set()
         self._rewrites: list[tuple[cst.CSTNode, cst.CSTNode, Optional[str], object]] = []
@@ -194,6 +200,11 @@ class MainProcessOutput(AccelifyCodemod):
             if accelerator is not None:
                 self.change(original_node, "`print` -> `accelerator.print`: once, on the main process")
                 return updated_node.with_changes(func=accelerator_attr(accelerator, "print"))
+            if self._out_of_reach(original_node):
+                self.change(original_node, "`print` -> `PartialState().print`: once, on the main process (the "
+                            "Accelerator does not reach this function)")
+                add_target_import(self.context, "PartialState")
+                return updated_node.with_changes(func=cst.parse_expression("PartialState().print"))
             return updated_node
         if any(n.startswith("tqdm.") and n.endswith("tqdm.write") for n in names) and all(
                 a.keyword is None or a.keyword.value in ("file", "end") for a in original_node.args):
@@ -239,6 +250,28 @@ class MainProcessOutput(AccelifyCodemod):
             return with_keyword(updated_node, "disable", cst.parse_expression(f"not {accelerator}.is_local_main_process"))
         return updated_node
 
+
+    def _out_of_reach(self, call: cst.Call) -> bool:
+        """A print in a function or method of the script that the Accelerator does not reach (a ``log(message)``
+        helper, a dataset's ``__init__``): every process would print it. ``PartialState()``, the state the
+        processes share with the Accelerator, prints it on the main process, as in the project's modules
+        (:func:`module_prints`). Not in the setup scope, whose prints before the Accelerator stay."""
+        if self._in_workers is None or key_at(self, call) in (self.plan.setup, MODULE, None):
+            return False
+        if any(a.keyword is not None and a.keyword.value not in ("sep", "end", "flush") for a in call.args):
+            return False  # `print(..., force=True)` of a print silencer (DINO's): every process, on purpose
+        node = self.get_metadata(ParentNodeProvider, call, None)
+        inside = False
+        while node is not None:
+            if isinstance(node, cst.FunctionDef):
+                if id(node) in self._in_workers:
+                    return False
+                if isinstance(self.get_metadata(ParentNodeProvider, node, None), cst.Module) and not any(
+                        n is not node.name for n in findall(self.shared.module, m.Name(node.name.value))):
+                    return False  # a function of the module nothing names (a set-up helper the conversion drops)
+                inside = True
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return inside
 
     def _to_a_file(self, call: cst.Call) -> bool:
         """``print(..., file=f)`` to anything but the console (``sys.stdout``, ``sys.stderr``)."""

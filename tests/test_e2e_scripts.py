@@ -68,6 +68,7 @@ RUNNABLE = {
     "trainer_receives_objects": Expect(saves=("checkpoint.pt",)),
     "factory_runnable": Expect(saves=("checkpoint.pt",)),
     # the state handed to a helper's torch.save: was written on every process, the model's keys `module.`-prefixed
+    "print_helper": Expect(),  # a helper's print ran on every process (verify: "prints 2 times on rank 1")
     "checkpoint_helper_state": Expect(saves=("checkpoint.pth.tar",) * 2, repeated_saves=("checkpoint.pth.tar",)),
     "factory_dict": Expect(),
     "trainer_builds_optimizer": Expect(evals=("Test set", "after epoch"), invariant=("after epoch",)),
