@@ -29,6 +29,8 @@ What the stand-in ``Accelerator`` supports (anything else raises ``TypeError`` a
 
 from __future__ import annotations
 
+import builtins
+
 import contextlib
 import dataclasses
 import functools
@@ -106,6 +108,10 @@ class PartialState:
     @property
     def device(self) -> torch.device:
         return _default_device()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``PartialState().print``: the one process is the main one."""
+        builtins.print(*args, **kwargs)
 
 
 def gather(tensor: Any) -> Any:

@@ -8,12 +8,12 @@ from __future__ import annotations
 from conftest import FIXTURES, convert
 
 SOURCE = (FIXTURES / "print_helper" / "before.py").read_text()
-HELPER = '    print(f"[{time.time() - START:7.1f}s] {message}")\n'
+HELPER = '    print(f"[train] {message}")\n'
 
 
 def test_a_helper_s_print_is_made_by_the_main_process() -> None:
     output = convert(SOURCE).output
-    assert '    PartialState().print(f"[{time.time() - START:7.1f}s] {message}")\n' in output
+    assert '    PartialState().print(f"[train] {message}")\n' in output
     assert "from accelerate import Accelerator, PartialState\n" in output
 
 
