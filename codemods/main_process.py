@@ -89,10 +89,10 @@ class MainProcessOutput(AccelifyCodemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         # Functions a print of which becomes `PartialState().print` when the Accelerator does not reach it: not
-        # what a DataLoader's workers run, not with `Accelerator(cpu=...)` (a state made before it would not
-        # know `cpu=True`), not in a notebook (`notebook_launcher` refuses a state made before it), not where
+        # what a DataLoader's workers run, not with `Accelerator(cpu=...)` or the script's own Accelerator (a state
+        # made before it would not know `cpu=True`), not in a notebook (`notebook_launcher` refuses a state made before it), not where
         # the script binds `PartialState` itself.
-        self._in_workers = run_by_workers(node) if self.plan.cpu_flag is None and not str(
+        self._in_workers = run_by_workers(node) if self.plan.cpu_flag is None and not self.plan.has_accelerator and not str(
             self.context.filename or "").endswith(".ipynb") and not findall(node, m.Name("PartialState")) else None
         # Statements of the setup block that run before the Accelerator is created.
         self._before: set[int] = set()

@@ -49,3 +49,14 @@ def test_not_a_print_forced_on_every_process() -> None:
     source = SOURCE.replace('{message}")\n', '{message}", force=True)\n', 1)
     output = convert(source).output
     assert '{message}", force=True)\n' in output and "PartialState().print" not in output
+
+
+def test_not_beside_the_script_s_own_accelerator() -> None:
+    """`accelerator = Accelerator(cpu=True)` written by the author (no `prepare` yet): its arguments are the
+    author's, and a `PartialState()` made before it could contradict them."""
+    source = SOURCE.replace('    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n',
+                            "    accelerator = Accelerator(cpu=True)\n    device = accelerator.device\n").replace(
+        "import torch\n", "import torch\nfrom accelerate import Accelerator\n", 1)
+    result = convert(source)
+    assert result.changed, result.findings
+    assert HELPER in result.output and "PartialState" not in result.output
