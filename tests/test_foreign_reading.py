@@ -101,3 +101,29 @@ def test_a_function_that_calls_itself_is_read_once(tmp_path: Path) -> None:
     main.write_text(MAIN)
     result = convert_source(MAIN, str(main))
     assert result.changed and not result.findings
+
+
+@pytest.mark.parametrize("item, converts", [("pass", True), ("self.x = self.x.cuda()", False)])
+def test_a_dataset_class_a_package_re_exports_is_read_where_it_is_defined(
+        tmp_path: Path, item: str, converts: bool) -> None:
+    """`from data import Rows` in the loader's module, `data/__init__.py` taking it `from .rows import Rows`: the
+    class is read in `data/rows.py` (the reading had named the module and the level in the wrong order: an internal
+    error)."""
+    package = tmp_path / "data"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .rows import Rows\n")
+    rows = DATA.replace("{init}", "pass").replace("{item}", item)
+    (package / "rows.py").write_text(rows.split("\n\ndef get_loader")[0] + "\n")
+    (tmp_path / "loaders.py").write_text("from torch.utils.data import DataLoader\n\nfrom data import Rows\n\n\n"
+                                         "def get_loader(batch_size):\n"
+                                         "    return DataLoader(Rows(32), batch_size=batch_size, shuffle=True)\n")
+    source = MAIN.replace("from data import get_loader", "from loaders import get_loader")
+    main = tmp_path / "main.py"
+    main.write_text(source)
+    result = convert_source(source, str(main))
+    assert result.error is None
+    if converts:
+        assert result.changed and not result.findings, result.findings
+    else:
+        assert not result.changed and [f.code for f in result.findings] == ["ACC135"]
+        assert "runs `Rows(32)`, whose code runs `self.x.cuda()`" in result.findings[0].message

@@ -163,8 +163,7 @@ class Foreign:
                f"runs `{code_of(culprit)}`{self.why_unsafe(meta, culprit, (dotted, level))}" if culprit is not None
                else "")
         # a loader function that writes (a cache file) would write it on every process: not vouched for
-        writes = any(qualified_names(meta, c.func) & WRITERS or _opens_for_writing(meta, c) or m.matches(
-            c.func, m.Attribute(attr=m.Name("save") | m.Name("savefig"))) for c in calls)
+        writes = any(_writes(meta, c) for c in calls)
         trains = any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _TRAINS for c in calls) or any(
             n.startswith(("torch.distributed", "accelerate")) for c in calls for n in qualified_names(meta, c.func))
         loaders = None if unsafe or writes else _loaders(meta, func)
@@ -283,9 +282,10 @@ class Foreign:
                            and s.name.value == name), None)
         if definition is None:
             source = self._reexported(module, dotted, level, name)
-            if source is None or not self._runs_safely(*source, seen):
-                return self._why.get(source, "") if source is not None else ", which is not read"
-            return ""
+            if source is None:
+                return ", which is not read"
+            target, attr, target_level = source  # (`_reexported` names the module, the name, the level)
+            return "" if self._runs_safely(target, target_level, attr, seen) else self._why[(target, target_level, attr)]
         bodies: list[cst.CSTNode] = [definition.body]
         if isinstance(definition, cst.ClassDef):
             for base in definition.bases:  # a project class it derives from runs too (`class Train(Base)`)
@@ -300,8 +300,7 @@ class Foreign:
                 return ", which defines a function or class inside its code"
             calls = findall(body, m.Call())
             for call in calls:
-                if qualified_names(meta, call.func) & WRITERS or _opens_for_writing(meta, call) or m.matches(
-                        call.func, m.Attribute(attr=m.Name("save") | m.Name("savefig"))):
+                if _writes(meta, call):
                     return f", which writes a file on every process (`{code_of(call)}`)"
             for call in calls:
                 if self._unsafe(meta, call, (dotted, level), seen):
@@ -416,6 +415,13 @@ def _builds_optimizer(meta: _Metadata, value: cst.BaseExpression) -> bool:
         return True
     first = value.args[0].value if value.args and value.args[0].keyword is None else None
     return first is not None and isinstance(first, cst.Call) and _builds_optimizer(meta, first)
+
+
+def _writes(meta: _Metadata, call: cst.Call) -> bool:
+    """``torch.save``, ``save_image`` and the other writers, ``open(path, "w")``, an image's ``.save(path)``,
+    ``.savefig(...)``: the call writes a file."""
+    return bool(qualified_names(meta, call.func) & WRITERS) or _opens_for_writing(meta, call) or m.matches(
+        call.func, m.Attribute(attr=m.Name("save") | m.Name("savefig")))
 
 
 def _opens_for_writing(meta: _Metadata, call: cst.Call) -> bool:
