@@ -94,6 +94,7 @@ class MainProcessOutput(AccelifyCodemod):
         # the script binds `PartialState` itself.
         self._in_workers = run_by_workers(node) if self.plan.cpu_flag is None and not self.plan.has_accelerator and not str(
             self.context.filename or "").endswith(".ipynb") and not findall(node, m.Name("PartialState")) else None
+        self._names: dict[int, bool] = {}  # id of a module-level function -> the module names it (`_named`)
         # Statements of the setup block that run before the Accelerator is created.
         self._before: set[int] = set()
         self._rewrites: list[tuple[cst.CSTNode, cst.CSTNode, Optional[str], object]] = []
@@ -266,12 +267,18 @@ class MainProcessOutput(AccelifyCodemod):
             if isinstance(node, cst.FunctionDef):
                 if id(node) in self._in_workers:
                     return False
-                if isinstance(self.get_metadata(ParentNodeProvider, node, None), cst.Module) and not any(
-                        n is not node.name for n in findall(self.shared.module, m.Name(node.name.value))):
+                if isinstance(self.get_metadata(ParentNodeProvider, node, None), cst.Module) and not self._named(node):
                     return False  # a function of the module nothing names (a set-up helper the conversion drops)
                 inside = True
             node = self.get_metadata(ParentNodeProvider, node, None)
         return inside
+
+    def _named(self, function: cst.FunctionDef) -> bool:
+        """Does the module name ``function`` anywhere but in its definition (asked once per function)?"""
+        if id(function) not in self._names:
+            self._names[id(function)] = any(
+                n is not function.name for n in findall(self.shared.module, m.Name(function.name.value)))
+        return self._names[id(function)]
 
     def _to_a_file(self, call: cst.Call) -> bool:
         """``print(..., file=f)`` to anything but the console (``sys.stdout``, ``sys.stderr``)."""

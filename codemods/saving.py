@@ -80,6 +80,11 @@ class Saving(AccelifyCodemod):
         ``model.state_dict()`` bound to the name it writes."""
         dicts: list[cst.BaseExpression] = []
         for call in findall(module, m.Call()):
+            if id(call) in self.plan.foreign_writers:
+                # what a call of another module's function that writes files hands it (`utils.save_checkpoint(
+                # {"model": model.state_dict(), ...}, path)`): written to a file too, by the main process (ACC017)
+                dicts += [a.value for a in call.args]  # type: ignore[attr-defined]
+                continue
             if not qualified_names(self, call.func) & TORCH_SAVE or not call.args:  # type: ignore[attr-defined]
                 continue
             first = call.args[0].value  # type: ignore[attr-defined]
@@ -88,9 +93,6 @@ class Saving(AccelifyCodemod):
                 dicts.extend(v for _, v in handed_values(self, module, first) if isinstance(v, cst.Dict))
             elif isinstance(first, cst.Dict):
                 dicts.append(first)
-        # what a call of another module's function that writes files hands it (`utils.save_checkpoint({"model":
-        # model.state_dict(), ...}, path)`): written to a file too, by the main process (ACC017)
-        dicts += [a.value for c in findall(module, m.Call()) if id(c) in self.plan.foreign_writers for a in c.args]
         return dicts
 
     def _model_states(self, dicts: list[cst.BaseExpression]) -> set[int]:
