@@ -287,18 +287,40 @@ def _trains(call: ast.Call, trained: set[str]) -> bool:
 _ACCELERATOR = b"Accelerator"
 
 
+class _Written:
+    """The source as written, its lines split when first asked: CPython's tree holds identifiers NFKC-normalised,
+    LibCST (which the analysis asks) as written, so a name the pre-check relies on is checked in the text."""
+
+    def __init__(self, source: str) -> None:
+        self._source = source
+        self._lines: Optional[list[bytes]] = None
+
+    def line(self, number: int) -> bytes:
+        if self._lines is None:
+            self._lines = self._source.encode("utf-8", "surrogatepass").splitlines()
+        return self._lines[number - 1] if 0 < number <= len(self._lines) else b""
+
+    def at(self, number: int, start: int, text: bytes) -> bool:
+        """``text`` is written on line ``number`` from byte ``start``."""
+        return self.line(number)[start:start + len(text)] == text
+
+    def starts(self, node: ast.AST, identifier: str) -> bool:
+        """``node`` starts with ``identifier`` as written (a name, the first name of an import)."""
+        return self.at(node.lineno, node.col_offset, identifier.encode())  # type: ignore[attr-defined]
+
+    def ends(self, node: ast.AST, identifier: str) -> bool:
+        """``node`` ends with ``identifier`` as written (an attribute's name)."""
+        end = node.end_col_offset  # type: ignore[attr-defined]
+        text = identifier.encode()
+        return end is not None and self.at(node.end_lineno or node.lineno, end - len(text), text)  # type: ignore[attr-defined]
+
+
 def _names_accelerator(named: list[ast.AST], source: str) -> bool:
     """One of ``named`` (the names, attributes, imports and classes CPython's tree calls ``Accelerator``)
-    is spelled so in the text: CPython's tree holds identifiers NFKC-normalised, LibCST (which the analysis
-    asks) as written. A spelling this does not place (``class \\`` continued) counts as absent."""
-    lines: list[bytes] = []  # the source's lines, split when first needed
+    is spelled so in the text (:class:`_Written`). A spelling this does not place (``class \\`` continued)
+    counts as absent."""
+    text = _Written(source)
     size = len(_ACCELERATOR)
-
-    def line_of(number: int) -> bytes:
-        if not lines:
-            lines.extend(source.encode("utf-8", "surrogatepass").splitlines())
-        return lines[number - 1] if 0 < number <= len(lines) else b""
-
     for node in named:
         if isinstance(node, ast.Name) and node.id == "Accelerator":
             if node.end_lineno != node.lineno or node.end_col_offset != node.col_offset + size:
@@ -309,13 +331,13 @@ def _names_accelerator(named: list[ast.AST], source: str) -> bool:
         elif isinstance(node, ast.alias) and node.name == "Accelerator":
             line, start = node.lineno, node.col_offset
         elif isinstance(node, ast.ClassDef) and node.name == "Accelerator":
-            found = _CLASS.match(line_of(node.lineno), node.col_offset)
+            found = _CLASS.match(text.line(node.lineno), node.col_offset)
             if found is None:
                 continue
             line, start = node.lineno, found.end() - size
         else:
             continue
-        if line_of(line)[start:start + size] == _ACCELERATOR:
+        if text.at(line, start, _ACCELERATOR):
             return True
     return False
 
@@ -362,33 +384,25 @@ def _prepared_by_hand(classes: dict[str, ast.alias], created: list[ast.Assign], 
                       source: str) -> bool:
     """``accelerator.prepare(...)`` of an ``accelerator = Accelerator(...)`` (``self.accelerator`` too), the class
     imported from accelerate: a subset of what ``accelify.analyses.accelerator.prepared_by_hand`` takes, every
-    name checked as written (CPython's identifiers are NFKC-normalised, LibCST's are not)."""
-    lines = source.encode("utf-8", "surrogatepass").splitlines()
-
-    def written(node: ast.AST, identifier: str, end: bool = False) -> bool:
-        number = (node.end_lineno if end else node.lineno) or 0
-        if not 0 < number <= len(lines) or node.end_col_offset is None:
-            return False
-        text = identifier.encode()
-        start = node.end_col_offset - len(text) if end else node.col_offset
-        return lines[number - 1][start:start + len(text)] == text
+    name checked as written (:class:`_Written`)."""
+    text = _Written(source)
 
     def dotted(node: ast.expr) -> Optional[str]:
-        if isinstance(node, ast.Name) and written(node, node.id):
+        if isinstance(node, ast.Name) and text.starts(node, node.id):
             return node.id
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
-                and written(node.value, "self") and written(node, node.attr, end=True):
+                and text.starts(node.value, "self") and text.ends(node, node.attr):
             return f"self.{node.attr}"
         return None
 
     imported = {name for name, alias in classes.items() if alias.lineno == alias.end_lineno
-                and lines[alias.lineno - 1][alias.col_offset:alias.end_col_offset].split()
+                and text.line(alias.lineno)[alias.col_offset:alias.end_col_offset].split()
                 in ([b"Accelerator"], [b"Accelerator", b"as", name.encode()])}
     accelerators = {dotted(a.targets[0]) for a in created if isinstance(a.value, ast.Call)  # type: ignore[attr-defined]
                     and isinstance(a.value.func, ast.Name) and a.value.func.id in imported
-                    and written(a.value.func, a.value.func.id)}
+                    and text.starts(a.value.func, a.value.func.id)}
     accelerators.discard(None)
-    return any(isinstance(call.func, ast.Attribute) and written(call.func, "prepare", end=True)
+    return any(isinstance(call.func, ast.Attribute) and text.ends(call.func, "prepare")
                and dotted(call.func.value) in accelerators for call in prepares)
 
 
