@@ -48,9 +48,12 @@ class MainProcessOutput(AccelifyCodemod):
     ``print`` with no end of its own: ``accelerator.print(text, end="")``. thop's
     ``profile(model, inputs=...)`` (a FLOPs count, common in research code) prints a
     line per layer type it registers: it gets ``verbose=accelerator.is_main_process``.
-    The modules of the project the script imports print once too: their ``print``
-    calls in functions and methods (a dataset's ``__init__`` saying what it loaded)
-    become ``PartialState().print`` (:func:`module_prints`).
+    A ``print`` in a function of the script the Accelerator does not reach (a
+    ``log(message)`` helper) becomes ``PartialState().print`` (not in what DataLoader
+    workers run, nor beside ``Accelerator(cpu=...)``). The modules of the project the
+    script imports print once too: their ``print`` calls in functions and methods (a
+    dataset's ``__init__`` saying what it loaded) become ``PartialState().print``
+    (:func:`module_prints`).
 
     Before::
 
