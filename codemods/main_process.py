@@ -309,7 +309,8 @@ def _ids_in(nodes) -> set[int]:
     return {id(n) for node in nodes for n in descendants(node)}
 
 
-def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str, list[int]]]:
+def module_prints(source: str, target: str = "accelerate", wrapper: Optional[MetadataWrapper] = None
+                  ) -> Optional[tuple[str, list[int]]]:
     """ACC008 in a module of the project the converted script imports (a dataset whose ``__init__`` prints the
     size of the data, a helper that prints what it loads): that code runs on every process, and cannot reach the
     script's Accelerator. Its ``print(...)`` calls inside functions and methods become
@@ -317,9 +318,12 @@ def module_prints(source: str, target: str = "accelerate") -> Optional[tuple[str
     process, as by ``accelerator.print``), with the import added. Left alone: the module's top (run at import),
     methods a DataLoader's workers run (``__getitem__``, and what the module's code there calls), a
     ``print(..., file=f)``, and a module that binds
-    ``PartialState`` itself. Returns (the new text, the lines changed), or None when nothing changes."""
+    ``PartialState`` itself. Returns (the new text, the lines changed), or None when nothing changes.
+    ``wrapper``: the module, parsed from ``source`` already (accelify.analyses.foreign read it)."""
+    if "print" not in source:
+        return None  # (no parse for a module that cannot print)
     try:
-        wrapper = MetadataWrapper(cst.parse_module(source))
+        wrapper = wrapper or MetadataWrapper(cst.parse_module(source))
     except (cst.ParserSyntaxError, RecursionError):
         return None
     tree = wrapper.module

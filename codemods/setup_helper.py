@@ -11,6 +11,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider, QualifiedNameSource
 
 from accelify.analyses.distributed import BARRIER, INIT, SET_DEVICE
+from accelify.analyses.foreign import Foreign
 from accelify.analyses.plan import Plan
 from accelify.queries.names import code_of, split_relative, wrapper_qualified_names
 from accelify.queries.records import Finding
@@ -275,8 +276,11 @@ def _find_foreign(wrapper: MetadataWrapper, sources) -> Optional[_Found]:
         if len(names) != 1 or not isinstance(func, (cst.Name, cst.Attribute)):
             continue
         full, level = split_relative(names[0])
-        dotted, _, name = full.rpartition(".")
-        text = sources.module_source(dotted, level) if dotted else None
+        defined = Foreign.of(sources).definition(full) if level <= 1 else None
+        if defined is None or defined != tuple(full.rsplit(".", 1)):
+            continue  # (one a module imports from another: the script's names would not reach its module's)
+        dotted, name = defined
+        text = sources.module_source(dotted) if dotted else None
         if text is None or "init_process_group" not in text:
             continue
         try:

@@ -29,10 +29,18 @@ Cases (targets are printed, not asserted):
    Beside it, what the machine gives perfectly parallel work: the bare parse of
    the directory split in two halves run at once, vs both halves one after the
    other (two cores of a shared host are not twice one core).
+7. A repository (issue 28): the ``five_modules`` project's model, data and utils modules,
+   each padded with 300 helper functions (~1.9k lines), and K entry scripts that import them
+   and train (K = 1, 2, 4, 8): ``accelify convert --check -j 1 DIR``. The cost of an added
+   entry script, against the modules' parse + scope + qualified names once: the modules
+   are read once for all the scripts of their folder, so an added script costs its own
+   conversion, not the modules' again.            slope per entry < modules' reading
 6. Peak RSS (``wait4`` of the child: the largest process of its tree) of the
    directory run and of the 3.1k-line conversion. Linux counts the image a child
    was forked from, so the harness imports nothing heavy (not even accelerate)
    and prints its own peak as the floor.
+
+``--only 1,2,4,7`` runs those cases (2 is 2 and 3; 4 is 4, 4b, 4c and 5).
 
 Exit status 1 of ``--check`` (a file would change) is success; 2, 123, any
 other status or a traceback is reported with the child's stderr.
@@ -348,6 +356,55 @@ def build_corpus(dest: Path, training: bool, projects: bool = False) -> tuple[li
     return files, lines, package
 
 
+REPOSITORY = ROOT / "fixtures" / "projects" / "five_modules" / "before"
+
+ENTRY = '''"""Entry point {k}: trains the project's model on its data."""
+import torch
+
+from data import get_loaders
+from model import Regressor
+from utils import AverageMeter, get_device, save_checkpoint
+
+
+def main():
+    torch.manual_seed({k})
+    device = get_device()
+    train_loader, val_loader = get_loaders(batch_size=8)
+    model = Regressor().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(2):
+        meter = AverageMeter()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            meter.update(loss.item(), len(x))
+        print(f"epoch {{epoch}}: {{meter.avg:.4f}}")
+        save_checkpoint({{"model": model.state_dict()}}, "runs_{k}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def build_repository(dest: Path, entries: int, padding: int = 300) -> tuple[list[Path], list[Path], int]:
+    """Case 7's repository: the project's modules, each padded with ``padding`` helpers, and ``entries``
+    entry scripts; (modules, all files, lines)."""
+    dest.mkdir(parents=True)
+    modules = []
+    for name in ("model.py", "data.py", "utils.py"):
+        text = (REPOSITORY / name).read_text(encoding="utf-8")
+        (dest / name).write_text(text + helpers(padding), encoding="utf-8")
+        modules.append(dest / name)
+    for k in range(entries):
+        (dest / f"train_{k}.py").write_text(ENTRY.format(k=k), encoding="utf-8")
+    files = sorted(dest.glob("*.py"))
+    return modules, files, sum(line_count(p.read_text(encoding="utf-8")) for p in files)
+
+
 # Reference programs, run as `python FILE ARGS` in their own process.
 REF_METADATA = '''import sys
 import libcst
@@ -360,6 +417,17 @@ m = libcst.parse_module(src)
 w = MetadataWrapper(m)
 w.resolve_many([ScopeProvider, QualifiedNameProvider])
 w.module.code
+'''
+
+REF_METADATA_MANY = '''import sys
+import libcst
+from libcst.metadata import MetadataWrapper, ScopeProvider, QualifiedNameProvider
+
+for path in sys.argv[1:]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        w = MetadataWrapper(libcst.parse_module(handle.read()))
+    w.resolve_many([ScopeProvider, QualifiedNameProvider])
+    w.module.code
 '''
 
 REF_PARSE_MANY = '''import io
@@ -407,6 +475,65 @@ def jobs_flag(accelify: list[str]) -> Optional[str]:
     return None
 
 
+def j1_flag(jflag: Optional[str]) -> list[str]:
+    return [jflag, "1"] if jflag else []
+
+
+ENTRY_COUNTS = (1, 2, 4, 8)
+
+
+def repository_case(work: Path, accelify: list[str], j1: list[str], repeat: int) -> tuple[list["Row"], list[str]]:
+    """Case 7: ``convert --check`` of the repository with 1, 2, 4 and 8 entry scripts; the cost of an added
+    script against the modules' reading once (parse + scope + qualified names)."""
+    runs: dict[int, Measure] = {}
+    sizes: dict[int, tuple[int, int]] = {}
+    modules: list[Path] = []
+    for count in ENTRY_COUNTS:
+        modules, files, lines = build_repository(work / f"repository_{count}", count)
+        sizes[count] = (len(files), lines)
+        runs[count] = Measure(f"case 7 accelify ({count} entry scripts)",
+                              [*accelify, "convert", "--check", *j1, str(work / f"repository_{count}")], (1,))
+    reading = Measure("case 7 reference (the modules read once)",
+                      [PYTHON, str(work / "ref_metadata_many.py"), *map(str, modules)], (0,))
+    bare = Measure("case 7 reference (start-up)", [PYTHON, str(work / "ref_metadata_many.py")], (0,))
+    progress(f"case 7: a repository with {', '.join(map(str, ENTRY_COUNTS))} entry scripts")
+    measure([*runs.values(), reading, bare], repeat)
+    module_cost = reading.median - bare.median
+    first, last = ENTRY_COUNTS[0], ENTRY_COUNTS[-1]
+    slope = (runs[last].median - runs[first].median) / (last - first)
+    module_lines = sum(line_count(p.read_text(encoding="utf-8")) for p in modules)
+    rows = [Row(f"7. `convert --check -j 1`, a repository ({len(modules)} modules, {module_lines:,} lines): "
+                f"each added entry script", f"{slope * 1000:.0f} ms",
+                f"{module_cost * 1000:.0f} ms (the modules' parse + scope + qualified names, once)",
+                f"{slope / module_cost:.2f}", verdict(slope / module_cost, "< 1.0"))]
+    details = ["repository (case 7): " + "; ".join(
+        f"{count} scripts: {sizes[count][0]} files, {sizes[count][1]:,} lines, {fmt_seconds(runs[count].median)}"
+        for count in ENTRY_COUNTS) + f"\n  modules read once: {reading.describe()}\n  start-up: {bare.describe()}"]
+    details.extend(f"  {m.label}: {m.describe()}" for m in runs.values())
+    return rows, details
+
+
+def print_growth(growth: dict[int, tuple[Measure, Measure, int]]) -> None:
+    print()
+    print("Growth (training script + N helpers, `accelify convert` vs parse + metadata):")
+    print()
+    print("| helpers | lines | accelify | reference | ratio | accelify ms / 1k extra lines | "
+          "reference ms / 1k extra lines |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    previous = None
+    for count in sorted(growth):
+        acc, ref, lines = growth[count]
+        if previous is None:
+            slope_a = slope_r = "-"
+        else:
+            pa, pr, pl = previous
+            slope_a = f"{(acc.median - pa) * 1000 / ((lines - pl) / 1000):.0f}"
+            slope_r = f"{(ref.median - pr) * 1000 / ((lines - pl) / 1000):.0f}"
+        print(f"| {count} | {lines:,} | {fmt_seconds(acc.median)} | {fmt_seconds(ref.median)} | "
+              f"{acc.median / ref.median:.2f} | {slope_a} | {slope_r} |")
+        previous = (acc.median, ref.median, lines)
+
+
 # ---------------------------------------------------------------------------
 # Report
 
@@ -424,7 +551,7 @@ def verdict(value: Optional[float], target: str) -> str:
     if value is None:
         return target
     op, bound = target.split()
-    met = value <= float(bound) if op == "<=" else value >= float(bound)
+    met = {"<=": value <= float(bound), "<": value < float(bound), ">=": value >= float(bound)}[op]
     return f"{target} ({'met' if met else 'missed'})"
 
 
@@ -482,7 +609,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: --repeat 1, growth points 0 and 500 only")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory of inputs")
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds before one child is killed")
+    parser.add_argument("--only", default="1,2,4,7", help="the cases to run, comma-separated (default: all)")
     args = parser.parse_args()
+    only = set(args.only.split(","))
+    if not only <= {"1", "2", "4", "7"}:
+        parser.error("--only takes 1, 2, 4 and 7")
     TIMEOUT = args.timeout
     repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
     if repeat < 1:
@@ -498,6 +629,7 @@ def main() -> None:
     try:
         (work / "ref_metadata.py").write_text(REF_METADATA)
         (work / "ref_parse_many.py").write_text(REF_PARSE_MANY)
+        (work / "ref_metadata_many.py").write_text(REF_METADATA_MANY)
 
         # Warm-up (not measured): byte-compiles accelify and LibCST once, so the first timed run
         # does not pay for it.
@@ -513,116 +645,129 @@ def main() -> None:
         run_child([PYTHON, str(work / "ref_metadata.py"), str(plain)])
 
         # 1. a file that trains nothing
-        progress("case 1: --check on a plain module")
-        acc1 = Measure("case 1 accelify", [*accelify, "convert", "--check", str(plain)], (0, 1))
-        ref1 = Measure("case 1 reference", [PYTHON, "-c", "import libcst"], (0,))
-        measure([acc1, ref1], repeat)
-        rows.append(ratio_row(f"1. `convert --check`, {line_count(PLAIN_MODULE)}-line module without torch",
-                              acc1, ref1, "`import libcst`", "<= 0.5"))
-        details.append(f"case 1 input: {plain} ({line_count(PLAIN_MODULE)} lines)\n"
-                       f"  accelify:  {acc1.describe()}\n  reference: {ref1.describe()}")
+        if "1" in only:
+            progress("case 1: --check on a plain module")
+            acc1 = Measure("case 1 accelify", [*accelify, "convert", "--check", str(plain)], (0, 1))
+            ref1 = Measure("case 1 reference", [PYTHON, "-c", "import libcst"], (0,))
+            measure([acc1, ref1], repeat)
+            rows.append(ratio_row(f"1. `convert --check`, {line_count(PLAIN_MODULE)}-line module without torch",
+                                  acc1, ref1, "`import libcst`", "<= 0.5"))
+            details.append(f"case 1 input: {plain} ({line_count(PLAIN_MODULE)} lines)\n"
+                           f"  accelify:  {acc1.describe()}\n  reference: {ref1.describe()}")
 
-        # 2 + 3. a training script, then with helpers appended
         script = pick_training_script()
-        base = script.read_text(encoding="utf-8")
-        if not base.endswith("\n"):
-            base += "\n"
         growth: dict[int, tuple[Measure, Measure, int]] = {}
-        for count in sorted(set(growth_points) | {0, 500}):
-            progress(f"cases 2/3: training script + {count} helpers")
-            path = work / "scripts" / f"train_{count}.py"
-            path.parent.mkdir(exist_ok=True)
-            text = base + helpers(count)
-            path.write_text(text, encoding="utf-8")
-            acc = Measure(f"case 3 accelify ({count} helpers)", [*accelify, "convert", str(path)], (0,))
-            ref = Measure(f"case 3 reference ({count} helpers)", [PYTHON, str(work / "ref_metadata.py"), str(path)],
-                          (0,))
-            diff_note = ""
-            if count == 0:
-                # one untimed run that keeps the diff: shows the conversion really happens
-                check = run_child(acc.argv, stdout_path=str(work / "diff_0.txt"))
-                if acc.failed(check):
-                    report_failure(acc, check)
-                diff_lines = line_count((work / "diff_0.txt").read_text(encoding="utf-8", errors="replace"))
-                diff_note = f"; untimed check run: exit {check.status}, diff of {diff_lines} lines"
-            measure([acc, ref], repeat)
-            growth[count] = (acc, ref, line_count(text))
-            details.append(f"training script + {count} helpers: {path} ({line_count(text)} lines{diff_note})\n"
-                           f"  accelify:  {acc.describe()}\n  reference: {ref.describe()}")
-        acc2, ref2, lines2 = growth[0]
-        rows.append(ratio_row(f"2. `convert` (diff), {lines2}-line training script", acc2, ref2,
-                              "parse + scope + qualified names", "<= 1.5"))
-        acc3, ref3, lines3 = growth[500]
-        rows.append(ratio_row(f"3. `convert` (diff), same + 500 helpers ({lines3:,} lines)", acc3, ref3,
-                              "parse + scope + qualified names", "<= 1.5"))
+        acc3 = ref3 = None
+        lines2 = lines3 = 0
+        if "2" in only:
+            # 2 + 3. a training script, then with helpers appended
+            base = script.read_text(encoding="utf-8")
+            if not base.endswith("\n"):
+                base += "\n"
+            for count in sorted(set(growth_points) | {0, 500}):
+                progress(f"cases 2/3: training script + {count} helpers")
+                path = work / "scripts" / f"train_{count}.py"
+                path.parent.mkdir(exist_ok=True)
+                text = base + helpers(count)
+                path.write_text(text, encoding="utf-8")
+                acc = Measure(f"case 3 accelify ({count} helpers)", [*accelify, "convert", str(path)], (0,))
+                ref = Measure(f"case 3 reference ({count} helpers)", [PYTHON, str(work / "ref_metadata.py"), str(path)],
+                              (0,))
+                diff_note = ""
+                if count == 0:
+                    # one untimed run that keeps the diff: shows the conversion really happens
+                    check = run_child(acc.argv, stdout_path=str(work / "diff_0.txt"))
+                    if acc.failed(check):
+                        report_failure(acc, check)
+                    diff_lines = line_count((work / "diff_0.txt").read_text(encoding="utf-8", errors="replace"))
+                    diff_note = f"; untimed check run: exit {check.status}, diff of {diff_lines} lines"
+                measure([acc, ref], repeat)
+                growth[count] = (acc, ref, line_count(text))
+                details.append(f"training script + {count} helpers: {path} ({line_count(text)} lines{diff_note})\n"
+                               f"  accelify:  {acc.describe()}\n  reference: {ref.describe()}")
+            acc2, ref2, lines2 = growth[0]
+            rows.append(ratio_row(f"2. `convert` (diff), {lines2}-line training script", acc2, ref2,
+                                  "parse + scope + qualified names", "<= 1.5"))
+            acc3, ref3, lines3 = growth[500]
+            rows.append(ratio_row(f"3. `convert` (diff), same + 500 helpers ({lines3:,} lines)", acc3, ref3,
+                                  "parse + scope + qualified names", "<= 1.5"))
 
-        # 4 + 5. directories: accelerate's package (the issue's case), then with training scripts
-        j1 = [jflag, "1"] if jflag else []
         dirs = {}
-        for key, training in (("4", False), ("4b", True), ("4c", False)):
-            progress(f"case {key}: building the directory corpus")
-            corpus = work / f"corpus_{key}"
-            files, total_lines, package = build_corpus(corpus, training, projects=key == "4c")
-            listing = work / f"files_{key}.txt"
-            listing.write_text("\n".join(str(p) for p in files) + "\n")
-            halves = [work / f"files_{key}_{half}.txt" for half in (0, 1)]
-            for half, path in enumerate(halves):
-                path.write_text("\n".join(str(p) for p in files[half::2]) + "\n")
-            acc = Measure(f"case {key} accelify", [*accelify, "convert", "--check", *j1, str(corpus)], (0, 1))
-            ref = Measure(f"case {key} reference", [PYTHON, str(work / "ref_parse_many.py"), str(listing)], (0,))
-            jobs: Optional[Measure] = None
-            ceiling: Optional[Measure] = None
-            if jflag is not None and cores > 1:
-                jobs = Measure(f"case {key} accelify {jflag} {cores}",
-                               [*accelify, "convert", "--check", jflag, str(cores), str(corpus)], (0, 1))
-                ceiling = Measure(f"case {key} two halves at once",
-                                  [PYTHON, str(work / "ref_parse_many.py"), str(halves[0])], (0,),
-                                  beside=[[PYTHON, str(work / "ref_parse_many.py"), str(halves[1])]])
-            progress(f"case {key}: --check{' ' + shlex.join(j1) if j1 else ''}"
-                     f"{f' and {jflag} {cores}' if jobs else ''} over {len(files)} files, {total_lines} lines")
-            # the -j 1 run serves both case 4 and case 5, all interleaved
-            measure([acc, ref] + ([jobs, ceiling] if jobs and ceiling else []), repeat)
-            dirs[key] = (acc, ref, jobs, ceiling)
-            acc_lps, ref_lps = total_lines / acc.median, total_lines / ref.median
-            what = ("accelerate's package" if key == "4" else
-                    f"the same + {len(list(ROOT.glob('fixtures/projects/*/before')))} projects" if key == "4c"
-                    else f"the same + {len(list(ROOT.glob('fixtures/*/before.py')))} training scripts")
-            rows.append(Row(
-                f"{key}. `convert --check{' -j 1' if jflag else ''}`, {what}: {len(files)} files / {total_lines:,} lines",
-                f"{acc_lps:,.0f} lines/s, {len(files) / acc.median:.1f} files/s" + ("" if acc.ok else " (errors)"),
-                f"{ref_lps:,.0f} lines/s, {len(files) / ref.median:.1f} files/s (parse + code)",
-                f"{acc_lps / ref_lps:.2f}", verdict(acc_lps / ref_lps, ">= 2.0") if key == "4" else "(reported)"))
-            details.append(f"directory {key}: {corpus}: {len(files)} files, {total_lines} lines "
-                           f"(accelerate {importlib.metadata.version('accelerate')} from {package}"
-                           + (", plus the fixtures' before.py)" if training else ")") + "\n"
-                           f"  accelify{' -j 1' if jflag else ''}:  {acc.describe()}\n"
-                           + (f"  accelify {jflag} {cores}:  {jobs.describe()}\n" if jobs else "")
-                           + (f"  two halves of the bare parse at once:  {ceiling.describe()}\n" if ceiling else "")
-                           + f"  reference: {ref.describe()}")
-            details.extend(directory_outcome(acc, corpus))
-            if jflag is None:
-                rows.append(Row(f"5. `-j` all cores vs `-j 1`, directory {key}", "n/a (no --jobs option)", "", "",
-                                ">= 1.7"))
-            elif jobs is None or ceiling is None:
-                rows.append(Row(f"5. `-j` all cores vs `-j 1`, directory {key}", "n/a (1 core)", "", "", ">= 1.7"))
-            else:
-                speedup = acc.median / jobs.median
-                machine = ref.median / ceiling.median
-                rows.append(Row(f"5. `-j {cores}` vs `-j 1`, directory {key}", fmt_seconds(jobs.median),
-                                f"{fmt_seconds(acc.median)} (`-j 1`); the machine: two halves of the bare parse "
-                                f"at once {machine:.2f}x", f"{speedup:.2f}x", verdict(speedup, ">= 1.7")))
-        acc4, ref4, acc5, _ = dirs["4"]
+        if "4" in only:
+            # 4 + 5. directories: accelerate's package (the issue's case), then with training scripts
+            j1 = [jflag, "1"] if jflag else []
+            for key, training in (("4", False), ("4b", True), ("4c", False)):
+                progress(f"case {key}: building the directory corpus")
+                corpus = work / f"corpus_{key}"
+                files, total_lines, package = build_corpus(corpus, training, projects=key == "4c")
+                listing = work / f"files_{key}.txt"
+                listing.write_text("\n".join(str(p) for p in files) + "\n")
+                halves = [work / f"files_{key}_{half}.txt" for half in (0, 1)]
+                for half, path in enumerate(halves):
+                    path.write_text("\n".join(str(p) for p in files[half::2]) + "\n")
+                acc = Measure(f"case {key} accelify", [*accelify, "convert", "--check", *j1, str(corpus)], (0, 1))
+                ref = Measure(f"case {key} reference", [PYTHON, str(work / "ref_parse_many.py"), str(listing)], (0,))
+                jobs: Optional[Measure] = None
+                ceiling: Optional[Measure] = None
+                if jflag is not None and cores > 1:
+                    jobs = Measure(f"case {key} accelify {jflag} {cores}",
+                                   [*accelify, "convert", "--check", jflag, str(cores), str(corpus)], (0, 1))
+                    ceiling = Measure(f"case {key} two halves at once",
+                                      [PYTHON, str(work / "ref_parse_many.py"), str(halves[0])], (0,),
+                                      beside=[[PYTHON, str(work / "ref_parse_many.py"), str(halves[1])]])
+                progress(f"case {key}: --check{' ' + shlex.join(j1) if j1 else ''}"
+                         f"{f' and {jflag} {cores}' if jobs else ''} over {len(files)} files, {total_lines} lines")
+                # the -j 1 run serves both case 4 and case 5, all interleaved
+                measure([acc, ref] + ([jobs, ceiling] if jobs and ceiling else []), repeat)
+                dirs[key] = (acc, ref, jobs, ceiling)
+                acc_lps, ref_lps = total_lines / acc.median, total_lines / ref.median
+                what = ("accelerate's package" if key == "4" else
+                        f"the same + {len(list(ROOT.glob('fixtures/projects/*/before')))} projects" if key == "4c"
+                        else f"the same + {len(list(ROOT.glob('fixtures/*/before.py')))} training scripts")
+                rows.append(Row(
+                    f"{key}. `convert --check{' -j 1' if jflag else ''}`, {what}: {len(files)} files / {total_lines:,} lines",
+                    f"{acc_lps:,.0f} lines/s, {len(files) / acc.median:.1f} files/s" + ("" if acc.ok else " (errors)"),
+                    f"{ref_lps:,.0f} lines/s, {len(files) / ref.median:.1f} files/s (parse + code)",
+                    f"{acc_lps / ref_lps:.2f}", verdict(acc_lps / ref_lps, ">= 2.0") if key == "4" else "(reported)"))
+                details.append(f"directory {key}: {corpus}: {len(files)} files, {total_lines} lines "
+                               f"(accelerate {importlib.metadata.version('accelerate')} from {package}"
+                               + (", plus the fixtures' before.py)" if training else ")") + "\n"
+                               f"  accelify{' -j 1' if jflag else ''}:  {acc.describe()}\n"
+                               + (f"  accelify {jflag} {cores}:  {jobs.describe()}\n" if jobs else "")
+                               + (f"  two halves of the bare parse at once:  {ceiling.describe()}\n" if ceiling else "")
+                               + f"  reference: {ref.describe()}")
+                details.extend(directory_outcome(acc, corpus))
+                if jflag is None:
+                    rows.append(Row(f"5. `-j` all cores vs `-j 1`, directory {key}", "n/a (no --jobs option)", "", "",
+                                    ">= 1.7"))
+                elif jobs is None or ceiling is None:
+                    rows.append(Row(f"5. `-j` all cores vs `-j 1`, directory {key}", "n/a (1 core)", "", "", ">= 1.7"))
+                else:
+                    speedup = acc.median / jobs.median
+                    machine = ref.median / ceiling.median
+                    rows.append(Row(f"5. `-j {cores}` vs `-j 1`, directory {key}", fmt_seconds(jobs.median),
+                                    f"{fmt_seconds(acc.median)} (`-j 1`); the machine: two halves of the bare parse "
+                                    f"at once {machine:.2f}x", f"{speedup:.2f}x", verdict(speedup, ">= 1.7")))
+
+        # 7. a repository: entry scripts sharing the project's modules
+        if "7" in only:
+            repository_rows, repository_details = repository_case(work, accelify, j1_flag(jflag), repeat)
+            rows.extend(repository_rows)
+            details.extend(repository_details)
 
         # 6. memory (from the runs above)
-        rows.append(Row(f"6. peak RSS, directory run{' (-j 1)' if jflag else ''}", f"{acc4.max_rss_mib:.0f} MiB",
-                        f"{ref4.max_rss_mib:.0f} MiB (parse + code)", f"{acc4.max_rss_mib / ref4.max_rss_mib:.2f}",
-                        "(none)"))
-        if acc5 is not None:
-            rows.append(Row(f"6. peak RSS, directory run (-j {cores}, largest process)",
-                            f"{acc5.max_rss_mib:.0f} MiB", "", "", "(none)"))
-        rows.append(Row(f"6. peak RSS, {lines3:,}-line file", f"{acc3.max_rss_mib:.0f} MiB",
-                        f"{ref3.max_rss_mib:.0f} MiB (parse + metadata)",
-                        f"{acc3.max_rss_mib / ref3.max_rss_mib:.2f}", "(none)"))
+        if "4" in dirs:
+            acc4, ref4, acc5, _ = dirs["4"]
+            rows.append(Row(f"6. peak RSS, directory run{' (-j 1)' if jflag else ''}", f"{acc4.max_rss_mib:.0f} MiB",
+                            f"{ref4.max_rss_mib:.0f} MiB (parse + code)",
+                            f"{acc4.max_rss_mib / ref4.max_rss_mib:.2f}", "(none)"))
+            if acc5 is not None:
+                rows.append(Row(f"6. peak RSS, directory run (-j {cores}, largest process)",
+                                f"{acc5.max_rss_mib:.0f} MiB", "", "", "(none)"))
+        if acc3 is not None and ref3 is not None:
+            rows.append(Row(f"6. peak RSS, {lines3:,}-line file", f"{acc3.max_rss_mib:.0f} MiB",
+                            f"{ref3.max_rss_mib:.0f} MiB (parse + metadata)",
+                            f"{acc3.max_rss_mib / ref3.max_rss_mib:.2f}", "(none)"))
 
         # Output
         print()
@@ -633,27 +778,12 @@ def main() -> None:
               "Peak RSS: ru_maxrss from wait4, the largest single process "
               f"(floor: this harness's own {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
               "which a child's count includes).")
-        print()
-        print("Growth (training script + N helpers, `accelify convert` vs parse + metadata):")
-        print()
-        print("| helpers | lines | accelify | reference | ratio | accelify ms / 1k extra lines | "
-              "reference ms / 1k extra lines |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        previous = None
-        for count in sorted(growth):
-            acc, ref, lines = growth[count]
-            if previous is None:
-                slope_a = slope_r = "-"
-            else:
-                pa, pr, pl = previous
-                slope_a = f"{(acc.median - pa) * 1000 / ((lines - pl) / 1000):.0f}"
-                slope_r = f"{(ref.median - pr) * 1000 / ((lines - pl) / 1000):.0f}"
-            print(f"| {count} | {lines:,} | {fmt_seconds(acc.median)} | {fmt_seconds(ref.median)} | "
-                  f"{acc.median / ref.median:.2f} | {slope_a} | {slope_r} |")
-            previous = (acc.median, ref.median, lines)
+        if growth:
+            print_growth(growth)
         print()
         print("Details:")
-        print(f"training script: {script.relative_to(ROOT)} ({lines2} lines)")
+        if growth:
+            print(f"training script: {script.relative_to(ROOT)} ({lines2} lines)")
         for block in details:
             print(block)
         for key, (acc, ref, _, _) in dirs.items():

@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Mapping, Optional, Protocol
 
 import libcst as cst
 import libcst.matchers as m
 from libcst._metadata_dependent import LazyValue
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+from libcst.helpers import ModuleNameAndPackage, get_absolute_module_from_package
+from libcst.metadata import (FullRepoManager, FullyQualifiedNameProvider, ImportAssignment, MetadataWrapper,
+                             ParentNodeProvider, QualifiedName, QualifiedNameProvider, QualifiedNameSource,
+                             ScopeProvider)
 
 from accelify.analyses import rank_helpers
 from accelify.queries.names import (OPTIMIZER_NAME, WRITERS, code_of, qualified_names, split_relative,
@@ -62,14 +65,20 @@ _FETCHES_ATTRS = frozenset({"download", "extractall", "extract"})
 
 
 class Sources(Protocol):
+    root: Optional[str]
+    entry: str
+    memo: dict
+
     def module_source(self, dotted: str, level: int = 0) -> Optional[str]: ...
 
     def module_file(self, dotted: str, level: int = 0) -> Optional[str]: ...
 
+    def files(self) -> list[str]: ...
+
 
 @dataclass(frozen=True)
 class ForeignFunction:
-    module: str
+    module: str  # the module's fully qualified name, from the script's folder (``utils``, ``tools.knn``)
     name: str
     loaders: Optional[tuple[bool, ...]]  # per returned value: a DataLoader built here; None: no loader function
     writes: bool
@@ -82,85 +91,164 @@ class ForeignFunction:
     #: rank_helpers): "rank" (``get_rank()``, ``get_world_size()`` asking torch.distributed when a group exists),
     #: "main" (``return get_rank() == 0``), "print" (``setup_for_distributed(is_master)``: print on the master only)
     role: Optional[str] = None
-    level: int = 0  # of the module (``from .utils import ...``: 1)
 
 
 class _Metadata:
-    """What the queries ask of a visitor (``get_metadata``), over a parsed module of the project."""
+    """What the queries ask of a visitor (``get_metadata``), over a parsed module of the project; its names
+    fully qualified too (``FullyQualifiedNameProvider``: ``from .rows import Rows`` in ``data/__init__.py`` is
+    ``data.rows.Rows``, a function of the module ``utils.helper``)."""
 
-    def __init__(self, wrapper: MetadataWrapper) -> None:
-        self._data = {p: wrapper.resolve(p) for p in (ParentNodeProvider, QualifiedNameProvider, ScopeProvider)}
+    _PROVIDERS = (ParentNodeProvider, QualifiedNameProvider, ScopeProvider, FullyQualifiedNameProvider)
+
+    def __init__(self, wrapper: MetadataWrapper, names: ModuleNameAndPackage) -> None:
+        self._data = {p: wrapper.resolve(p) for p in self._PROVIDERS}
+        self.names = names
 
     def get_metadata(self, key, node, default=None):
         value = self._data[key].get(node, default)
         return value() if isinstance(value, LazyValue) else value
 
+    def fully_qualified(self, node: cst.CSTNode) -> set[str]:
+        return {q.name for q in self.get_metadata(FullyQualifiedNameProvider, node, set())
+                if q.source is not QualifiedNameSource.BUILTIN}
+
 
 class Foreign:
+    """The project's modules, each parsed once, and their definitions found by fully qualified name.
+
+    Module names are LibCST's (``FullRepoManager`` and ``FullyQualifiedNameProvider``) with the script's folder
+    as the repository's root, which is where ``python train.py`` looks first: ``utils.py`` beside it is the
+    module ``utils``, ``data/rows.py`` is ``data.rows``. One ``Foreign`` serves every script of a folder
+    (``Sources.memo``)."""
+
     def __init__(self, sources: Sources) -> None:
         self.sources = sources
-        self._modules: dict[tuple[str, int], Optional[tuple[cst.Module, _Metadata]]] = {}
-        self._functions: dict[tuple[str, int, str], Optional[ForeignFunction]] = {}
-        self._rank_helpers: dict[tuple[str, int], dict[str, str]] = {}
-        #: (module, level, name) of project code a read function runs -> why it is unsafe ("" when safe)
-        self._why: dict[tuple[str, int, str], str] = {}
+        self._repository: Optional[FullRepoManager] = None
+        self._modules: dict[str, Optional[tuple[cst.Module, _Metadata]]] = {}
+        self._wrappers: dict[str, tuple[str, MetadataWrapper]] = {}  # by file: the text parsed, its wrapper
+        self._functions: dict[tuple[str, str], Optional[ForeignFunction]] = {}
+        self._rank_helpers: dict[str, dict[str, str]] = {}
+        #: (module, name) of project code a read function runs -> why it is unsafe ("" when safe)
+        self._why: dict[tuple[str, str], str] = {}
 
-    def function(self, dotted: str, name: str, level: int = 0) -> Optional[ForeignFunction]:
-        """The module-level function ``name`` of the project's module ``dotted``; None when the module is
-        not the project's (or cannot be read) or defines no such function."""
-        key = (dotted, level, name)
-        if key not in self._functions:
-            self._functions[key] = None  # (re-exports that go round in a circle read nothing)
-            self._functions[key] = self._read(dotted, level, name)
-        return self._functions[key]
+    @classmethod
+    def of(cls, sources: Sources) -> "Foreign":
+        """The one ``Foreign`` of ``sources`` (kept in its memo, emptied when a module changes)."""
+        found = sources.memo.get("foreign")
+        if not isinstance(found, Foreign):
+            found = sources.memo["foreign"] = cls(sources)
+        return found
 
-    def class_def(self, dotted: str, name: str, level: int = 0, seen: frozenset = frozenset()
-                  ) -> Optional[tuple[cst.ClassDef, cst.Module, "_Metadata"]]:
-        """The module-level class ``name`` of the project's module ``dotted`` (looked up through a package's
-        ``__init__`` that imports it from one of its modules), with its module and that module's metadata."""
-        parsed = self._module(dotted, level)
-        if parsed is None or (dotted, level, name) in seen:
+    # -- names
+
+    def definition(self, name: str, seen: frozenset = frozenset()) -> Optional[tuple[str, str]]:
+        """(module, name) of the project's module-level definition a fully qualified ``name`` means:
+        ``utils.get_data`` is ``get_data`` of ``utils.py``; a name a module imports (``tools.knn_monitor``,
+        which ``tools/__init__.py`` takes ``from .knn_monitor import knn_monitor``) is followed to where it is
+        defined. None for anything else (a package's, a method, a module)."""
+        dotted, _, attr = name.rpartition(".")
+        if not dotted or name in seen:
+            return None
+        parsed = self._module(dotted)
+        if parsed is None:
             return None
         module, meta = parsed
-        cls = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
-        if cls is not None:
-            return cls, module, meta
-        source = self._reexported(module, dotted, level, name)
-        return self.class_def(*source, seen=seen | {(dotted, level, name)}) if source is not None else None
+        if any(isinstance(s, (cst.FunctionDef, cst.ClassDef)) and s.name.value == attr for s in module.body):
+            return dotted, attr
+        scope = meta.get_metadata(ScopeProvider, module, None)
+        if scope is None or not any(isinstance(a, ImportAssignment) for a in scope[attr]):
+            return None
+        imported = {_absolute(meta.names, q) for q in scope.get_qualified_names_for(attr)
+                    if q.source is QualifiedNameSource.IMPORT}
+        imported.discard(None)
+        return self.definition(imported.pop(), seen | {name}) if len(imported) == 1 else None  # type: ignore[arg-type]
+
+    def callee(self, meta: _Metadata, func: cst.BaseExpression) -> Optional[tuple[str, str]]:
+        """The project's definition a callee (or a base class) of a project module names, as :meth:`definition`."""
+        names = meta.fully_qualified(func)
+        found = {d for n in names if (d := self.definition(n)) is not None}
+        if not found and isinstance(func, cst.Name) and any(
+                q.source is QualifiedNameSource.LOCAL for q in meta.get_metadata(QualifiedNameProvider, func, set())):
+            return meta.names.name, func.value  # a local callable (a parameter, a variable): not read, not vouched for
+        return found.pop() if len(found) == 1 else None
+
+    # -- modules
+
+    def _module(self, dotted: str) -> Optional[tuple[cst.Module, _Metadata]]:
+        if dotted not in self._modules:
+            parsed = None
+            path = self.sources.module_file(dotted)
+            text = self.sources.module_source(dotted) if path is not None else None
+            if path is not None and text is not None:
+                try:
+                    wrapper = MetadataWrapper(cst.parse_module(text), cache=self._cache(path))
+                    parsed = wrapper.module, _Metadata(wrapper, self._cache(path)[FullyQualifiedNameProvider])
+                    self._wrappers[path] = (text, wrapper)
+                except Exception:  # a module that does not parse is one accelify cannot read
+                    parsed = None
+            self._modules[dotted] = parsed
+        return self._modules[dotted]
+
+    def wrapper_of(self, path: str, text: str) -> Optional[MetadataWrapper]:
+        """The parsed module of ``path`` with its metadata, when it was read with this ``text``: what other
+        readings of the module (its prints, accelify.codemods.main_process) use instead of parsing it again."""
+        found = self._wrappers.get(path)
+        return found[1] if found is not None and found[0] == text else None
+
+    def _cache(self, path: str) -> Mapping:
+        """LibCST's full-repository cache for a module of the project (its name and package)."""
+        if self._repository is None:
+            self._repository = FullRepoManager(self.sources.root or ".", self.sources.files(),
+                                               {FullyQualifiedNameProvider})
+        try:
+            return self._repository.get_cache_for_path(path)
+        except ValueError:  # a module past the files listed (MAX_FILES): named alone, by the same rule
+            return FullRepoManager(self.sources.root or ".", [path],
+                                   {FullyQualifiedNameProvider}).get_cache_for_path(path)
+
+    # -- functions and classes
+
+    def function(self, dotted: str, name: str) -> Optional[ForeignFunction]:
+        """The module-level function ``name`` of the project's module ``dotted`` (or the one it imports under
+        that name); None when the module is not the project's (or cannot be read) or defines no such function."""
+        key = (dotted, name)
+        if key not in self._functions:
+            self._functions[key] = None  # (imports that go round in a circle read nothing)
+            self._functions[key] = self._read(dotted, name)
+        return self._functions[key]
+
+    def class_def(self, dotted: str, name: str) -> Optional[tuple[cst.ClassDef, cst.Module, "_Metadata"]]:
+        """The module-level class ``name`` of the project's module ``dotted`` (or the one it imports under that
+        name: a package's ``__init__`` taking it from one of its modules), with its module and that module's
+        metadata."""
+        found = self.definition(f"{dotted}.{name}")
+        parsed = self._module(found[0]) if found is not None else None
+        if parsed is None:
+            return None
+        module, meta = parsed
+        cls = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == found[1]), None)
+        return (cls, module, meta) if cls is not None else None
 
     def metadata(self, function: ForeignFunction) -> Optional[_Metadata]:
         """What the queries ask of ``function``'s module (its scopes, qualified names, parents)."""
-        parsed = self._module(function.module, function.level)
+        parsed = self._module(function.module)
         return parsed[1] if parsed is not None else None
 
-    def _module(self, dotted: str, level: int) -> Optional[tuple[cst.Module, _Metadata]]:
-        if (dotted, level) not in self._modules:
-            text = self.sources.module_source(dotted, level)
-            parsed = None
-            if text is not None:
-                try:
-                    wrapper = MetadataWrapper(cst.parse_module(text))
-                    parsed = wrapper.module, _Metadata(wrapper)
-                except Exception:  # a module that does not parse is one accelify cannot read
-                    parsed = None
-            self._modules[(dotted, level)] = parsed
-        return self._modules[(dotted, level)]
-
-    def _read(self, dotted: str, level: int, name: str) -> Optional[ForeignFunction]:
-        parsed = self._module(dotted, level)
+    def _read(self, dotted: str, name: str) -> Optional[ForeignFunction]:
+        parsed = self._module(dotted)
         if parsed is None:
             return None
         module, meta = parsed
         func = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
         if func is None:
-            source = self._reexported(module, dotted, level, name)
-            return self.function(*source) if source is not None else None
+            found = self.definition(f"{dotted}.{name}")
+            return self.function(*found) if found is not None and found != (dotted, name) else None
         calls = findall(func.body, m.Call())
         nested = findall(func.body, m.FunctionDef() | m.ClassDef() | m.Global() | m.Nonlocal())
-        culprit = next((call for call in calls if self._unsafe(meta, call, (dotted, level))), None)
+        culprit = next((call for call in calls if self._unsafe(meta, call)), None)
         unsafe = bool(nested) or culprit is not None
         why = ("defines functions or classes inside it" if nested else
-               f"runs `{code_of(culprit)}`{self.why_unsafe(meta, culprit, (dotted, level))}" if culprit is not None
+               f"runs `{code_of(culprit)}`{self.why_unsafe(meta, culprit)}" if culprit is not None
                else "")
         # a loader function that writes (a cache file) would write it on every process: not vouched for
         writes = any(_writes(meta, c) for c in calls)
@@ -173,50 +261,25 @@ class Foreign:
             why = "does not return a DataLoader it builds on every return"
         return ForeignFunction(dotted, name, loaders, writes and not trains, unsafe, why,
                                _console_only(module, meta, func), _optimizer_factory(meta, func), func,
-                               self._process_role(dotted, level, module, meta, func), level)
+                               self._process_role(dotted, module, meta, func))
 
-    def _process_role(self, dotted: str, level: int, module: cst.Module, meta: _Metadata,
+    def _process_role(self, dotted: str, module: cst.Module, meta: _Metadata,
                       func: cst.FunctionDef) -> Optional[str]:
         """``ForeignFunction.role``: a rank helper, a main-process test of one, or a print silencer (the module's
         rank helpers found once per module)."""
-        found = self._rank_helpers.get((dotted, level))
+        found = self._rank_helpers.get(dotted)
         if found is None:
             functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
-            found = self._rank_helpers[(dotted, level)] = rank_helpers.queries(meta, functions)
+            found = self._rank_helpers[dotted] = rank_helpers.queries(meta, functions)
         if func.name.value in found:
             return "rank"
         if rank_helpers.main_process_test(func, found):
             return "main"
         return "print" if _silences_print(func) else None
 
-    def _reexported(self, module: cst.Module, dotted: str, level: int, name: str) -> Optional[tuple[str, str, int]]:
-        """``from .knn_monitor import knn_monitor`` in a package's ``__init__`` (SimSiam's ``tools``), or ``from
-        tools.knn import knn_monitor`` in a module: (the module that defines ``name``, its name there, its level)
-        when that module is the project's; None otherwise."""
-        file = self.sources.module_file(dotted, level)
-        package = dotted if file is not None and file.endswith("__init__.py") else dotted.rpartition(".")[0]
-        for statement in module.body:
-            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
-                if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar):
-                    continue
-                alias = next((a for a in small.names if (code_of(a.asname.name) if a.asname else
-                                                         code_of(a.name)) == name), None)
-                if alias is None or small.module is None and not small.relative:
-                    continue
-                inner = code_of(small.module) if small.module is not None else ""
-                if small.relative:
-                    if len(small.relative) != 1 or not package:
-                        continue  # beyond the package
-                    target, target_level = ".".join(p for p in (package, inner) if p), level
-                else:
-                    target, target_level = inner, 0
-                if (target, target_level) != (dotted, level) and self.sources.module_source(target, target_level):
-                    return target, code_of(alias.name), target_level
-        return None
-
-    def _unsafe(self, meta: _Metadata, call: cst.Call, where: tuple[str, int], seen: frozenset = frozenset()) -> bool:
+    def _unsafe(self, meta: _Metadata, call: cst.Call, seen: frozenset = frozenset()) -> bool:
         """Does the call place tensors, train, synchronise, download, or run code of the project that does
-        (a function or class of this module, ``where``, or of another of the project: :meth:`_runs_safely`)?"""
+        (a function or class of this module or of another of the project: :meth:`_runs_safely`)?"""
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "download" and not m.matches(
                     arg.value, m.Name("False") | m.Name("None")):
@@ -234,62 +297,47 @@ class Foreign:
                     a.keyword is not None and a.keyword.value == "exist_ok" and m.matches(a.value, m.Name("True"))
                     for a in call.args):
                 return True  # two processes race to make it
-        key = self._project_key(meta, call.func, where)
+        key = self.callee(meta, call.func)
         return key is not None and not self._runs_safely(*key, seen)
 
-    def _project_key(self, meta: _Metadata, func: cst.BaseExpression, where: tuple[str, int]
-                     ) -> Optional[tuple[str, int, str]]:
-        """The project's definition a callee (or a base class) names: one of this module, ``where``, by its
-        name, or one another module of the project defines, imported; as (module, level, name)."""
-        for name in meta.get_metadata(QualifiedNameProvider, func, set()):
-            if name.source is QualifiedNameSource.LOCAL and isinstance(func, cst.Name):
-                return (*where, func.value)
-            if name.source is QualifiedNameSource.IMPORT:
-                full, level = split_relative(name.name)
-                dotted, _, attr = full.rpartition(".")
-                if dotted and self.sources.module_source(dotted, level):
-                    return dotted, level, attr
-        return None
-
-    def why_unsafe(self, meta: _Metadata, call: cst.Call, where: tuple[str, int]) -> str:
+    def why_unsafe(self, meta: _Metadata, call: cst.Call) -> str:
         """What makes the project code ``call`` runs unsafe (``, whose code runs `self.x.cuda()```), for a
         finding; empty for a call unsafe itself."""
-        key = self._project_key(meta, call.func, where)
+        key = self.callee(meta, call.func)
         return self._why.get(key, "") if key is not None else ""
 
-    def _runs_safely(self, dotted: str, level: int, name: str, seen: frozenset) -> bool:
+    def _runs_safely(self, dotted: str, name: str, seen: frozenset) -> bool:
         """A module-level function or class ``name`` of the project's module ``dotted`` whose code is safe to run
         on every process: read with :meth:`_unsafe`'s rules, the project code it runs read in turn (a dataset
         class built in a loader function: SimSiam's, PointNet's ``get_loaders`` making their ``Dataset``). For a
         class, every method (a DataLoader's workers run ``__getitem__``) and the project classes it derives
         from; neither may write files (every process would), define functions inside its code, or declare
         ``global``. A function or class the reading meets again is being read already."""
-        key = (dotted, level, name)
+        key = (dotted, name)
         if key in seen:
             return True
         if key not in self._why:
             self._why[key] = ", which is not read"  # (until read)
-            self._why[key] = self._read_safely(dotted, level, name, seen | {key})
+            self._why[key] = self._read_safely(dotted, name, seen | {key})
         return not self._why[key]
 
-    def _read_safely(self, dotted: str, level: int, name: str, seen: frozenset) -> str:
+    def _read_safely(self, dotted: str, name: str, seen: frozenset) -> str:
         """Empty when safe; else why not (``, whose code runs `x.cuda()```)."""
-        parsed = self._module(dotted, level)
+        parsed = self._module(dotted)
         if parsed is None:
             return ", which is not read"
         module, meta = parsed
         definition = next((s for s in reversed(module.body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))
                            and s.name.value == name), None)
         if definition is None:
-            source = self._reexported(module, dotted, level, name)
-            if source is None:
+            found = self.definition(f"{dotted}.{name}")  # a name the module imports: read where it is defined
+            if found is None or found == (dotted, name):
                 return ", which is not read"
-            target, attr, target_level = source  # (`_reexported` names the module, the name, the level)
-            return "" if self._runs_safely(target, target_level, attr, seen) else self._why[(target, target_level, attr)]
+            return "" if self._runs_safely(*found, seen) else self._why[found]
         bodies: list[cst.CSTNode] = [definition.body]
         if isinstance(definition, cst.ClassDef):
             for base in definition.bases:  # a project class it derives from runs too (`class Train(Base)`)
-                key = self._project_key(meta, base.value, (dotted, level))
+                key = self.callee(meta, base.value)
                 if key is not None and not self._runs_safely(*key, seen):
                     return f", whose base class `{code_of(base.value)}`" + re.sub(r"^, (whose code|which) ", " ",
                                                                                    self._why[key])
@@ -303,8 +351,8 @@ class Foreign:
                 if _writes(meta, call):
                     return f", which writes a file on every process (`{code_of(call)}`)"
             for call in calls:
-                if self._unsafe(meta, call, (dotted, level), seen):
-                    return f", whose code runs `{code_of(call)}`" + self.why_unsafe(meta, call, (dotted, level))
+                if self._unsafe(meta, call, seen):
+                    return f", whose code runs `{code_of(call)}`" + self.why_unsafe(meta, call)
         return ""
 
 
@@ -454,7 +502,8 @@ def called_function(visitor, module: cst.Module, foreign: Optional[Foreign],
     ``from utils import *`` whose module defines it; None otherwise (a package's, this file's)."""
     if foreign is None:
         return None
-    return _imported(visitor, module, func, lambda dotted, name, level: foreign.function(dotted, name, level))
+    found = _imported(visitor, module, foreign, func)
+    return foreign.function(*found) if found is not None else None
 
 
 def called_class(visitor, module: cst.Module, foreign: Optional[Foreign],
@@ -463,23 +512,37 @@ def called_class(visitor, module: cst.Module, foreign: Optional[Foreign],
     :func:`called_function` finds a function; None otherwise."""
     if foreign is None:
         return None
-    return _imported(visitor, module, func, lambda dotted, name, level: foreign.class_def(dotted, name, level))
+    found = _imported(visitor, module, foreign, func)
+    return foreign.class_def(*found) if found is not None else None
 
 
-def _imported(visitor, module: cst.Module, func: cst.BaseExpression, read):
+def _imported(visitor, module: cst.Module, foreign: Foreign, func: cst.BaseExpression) -> Optional[tuple[str, str]]:
+    """(module, name) of the project's definition a name the script imports means (:meth:`Foreign.definition`).
+    The script is the root module of its folder: its absolute imports are fully qualified as written, and a
+    relative one (``from .data import x``, which ``python train.py`` would refuse) means the module beside it,
+    as it does when the folder is run as a package."""
     names = {q.name for q in visitor.get_metadata(QualifiedNameProvider, func, set())
              if q.source is QualifiedNameSource.IMPORT}
     if len(names) == 1:
         full, level = split_relative(names.pop())
-        dotted, _, attr = full.rpartition(".")
-        return read(dotted, attr, level) if dotted else None
+        return foreign.definition(full) if level <= 1 else None
     if names or not isinstance(func, cst.Name):
         return None
     scope = visitor.get_metadata(ScopeProvider, func, None)
     if scope is None or list(scope[func.value]):
         return None  # a name of this file
-    found = [f for dotted, level in star_import_modules(module) if (f := read(dotted, func.value, level)) is not None]
+    found = [f for dotted, level in star_import_modules(module)
+             if level <= 1 and (f := foreign.definition(f"{dotted}.{func.value}")) is not None]
     return found[0] if len(found) == 1 else None
+
+
+def _absolute(names: ModuleNameAndPackage, name: QualifiedName) -> Optional[str]:
+    """A name a module of the project imports, fully qualified as ``FullyQualifiedNameProvider`` does (a relative
+    import from the module's package); None for one beyond the script's folder."""
+    dotted, level = split_relative(name.name)
+    if level == 1 and not names.package:
+        return dotted  # a module at the folder's top: the module beside it, as for the script
+    return get_absolute_module_from_package(names.package, dotted, level)
 
 
 def console_methods(cls: cst.ClassDef, meta: _Metadata) -> set[str]:

@@ -270,7 +270,7 @@ def analyze(wrapper: MetadataWrapper, sources: Optional[Sources] = None, elsewhe
     functions and classes in the program that another module defines (accelify.core.unit)."""
     facts = Facts()
     facts.elsewhere = elsewhere
-    facts.foreign = Foreign(sources) if sources is not None else None
+    facts.foreign = Foreign.of(sources) if sources is not None else None
     index = walk.active()
     if index is None or index.order[0] is not wrapper.module:
         with facts.resolve(wrapper):  # the metadata is only available while resolved

@@ -90,7 +90,7 @@ def companion_inputs(paths: Sequence[str]) -> set[str]:
         except SourceError:
             continue
         folder = os.path.dirname(os.path.abspath(path))
-        sources = folders.setdefault(folder, ProjectSources(path))
+        sources = folders.setdefault(folder, ProjectSources.of(path))
         found.update(os.path.realpath(p) for p in companion_files(text, path, sources))
     return found
 

@@ -21,6 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
+from accelify.analyses.foreign import Foreign
 from accelify.codemods.main_process import module_prints
 from accelify.core.project import ProjectSources
 from accelify.core.result import Options, Result
@@ -36,7 +37,7 @@ def with_module_prints(result: Result, module: cst.Module, options: Options,
     if not result.changed or result.path.endswith(".ipynb") or (
             options.select is not None and "ACC008" not in options.select):
         return result
-    sources = sources or ProjectSources(result.path)
+    sources = sources or ProjectSources.of(result.path)
     taken = {os.path.realpath(result.path)} | {os.path.realpath(c.path) for c in result.companions}
     early = _used_before_the_accelerator(result.output)
     added = []
@@ -47,7 +48,7 @@ def with_module_prints(result: Result, module: cst.Module, options: Options,
         if early is not None and (names is None or names & early):
             continue
         text = read_module(found)
-        done = module_prints(text, options.target) if text is not None else None
+        done = _module_prints(sources, found, text, options.target) if text is not None else None
         if done is None:
             continue
         output, lines = done
@@ -58,6 +59,17 @@ def with_module_prints(result: Result, module: cst.Module, options: Options,
         return result
     return Result(result.path, result.source, result.output, changes=result.changes, findings=result.findings,
                   error=result.error, cells=result.cells, notes=result.notes, companions=[*result.companions, *added])
+
+
+def _module_prints(sources: ProjectSources, path: str, text: str, target: str) -> Optional[tuple[str, list[int]]]:
+    """:func:`module_prints` of a module, once for every script of the folder that imports it (``sources.memo``)."""
+    memo = sources.memo.setdefault("module_prints", {})
+    known = memo.get((path, target))
+    if known is not None and known[0] == text:
+        return known[1]
+    done = module_prints(text, target, Foreign.of(sources).wrapper_of(path, text))
+    memo[(path, target)] = (text, done)
+    return done
 
 
 def _imported_modules(module: cst.Module, sources: ProjectSources, path: str):

@@ -89,7 +89,7 @@ def convert_source(source: str, path: str = "<stdin>", options: Optional[Options
 
 def _convert_parsed(module: cst.Module, source: str, path: str, options: Options) -> Result:
     """The conversion of ``source``, parsed as ``module`` (one statement per line)."""
-    sources = ProjectSources(path)  # (read once for the set-up helper, the unit and the modules' prints)
+    sources = ProjectSources.of(path)  # (read once for the set-up helper, the unit and the modules' prints)
     try:
         inlined = None if path.endswith(".ipynb") or SetUpHelper.HINT in source or (
             options.select is not None and SetUpHelper.CODE not in options.select) \
@@ -207,7 +207,7 @@ def _used_elsewhere(unit: Unit) -> Optional[Finding]:
     """ACC141 when a definition the conversion changes in a module is used by another file of the project
     too (``finetune.py`` calling ``train(model, device, ...)`` of train.py): changed for this script, it
     would no longer fit that file's call (a new ``accelerator`` parameter, batches no longer placed)."""
-    sources = ProjectSources(unit.path)
+    sources = ProjectSources.of(unit.path)
     exclude = {os.path.realpath(unit.path)} | {os.path.realpath(c.path) for c in unit.companions}
     for companion in unit.companions:
         if not companion.changed:
@@ -418,7 +418,7 @@ def _convert(module: cst.Module, source: str, path: str, options: Options, elsew
     context = CodemodContext(filename=path, full_module_name=None, full_package_name=None, wrapper=wrapper)
     context.scratch["accelify.line_length"] = options.line_length
     context.scratch["accelify.target"] = options.target
-    plan = analyze(wrapper, ProjectSources(path), elsewhere)
+    plan = analyze(wrapper, ProjectSources.of(path), elsewhere)
     if not _report_only(options):
         plan.restrict(options.select)
 

@@ -4,13 +4,19 @@ imported and never from site-packages.
 ``python train.py`` puts the script's folder first on ``sys.path``: ``import utils`` and ``from
 utils import get_data`` mean ``<folder>/utils.py`` (or ``<folder>/utils/__init__.py``), and
 ``from .data import x`` a module beside it. Only files inside the script's folder are read; a
-module that is not there (a package, the standard library) is None. Sources are read once.
+module that is not there (a package, the standard library) is None.
+
+One ``ProjectSources`` per folder (:meth:`ProjectSources.of`), shared by every script of that folder a run
+converts: a module is read once, and what the analyses make of it (``memo``: the parsed modules of
+accelify.analyses.foreign) is kept for the next script, until a file it read changes (a module written by
+``--in-place`` for an earlier script): then the texts are read again and the memo is emptied.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from typing import Optional
 
 from accelify.queries.records import Finding
@@ -23,18 +29,64 @@ MAX_FILES = 5_000
 _NOT_PROJECT = frozenset({"__pycache__", "node_modules", "site-packages", "venv", "build", "dist", "_build"})
 
 
+#: the shared sources, by the folder of the scripts they serve
+_SHARED: dict[str, "ProjectSources"] = {}
+
+
 class ProjectSources:
     """``module_source("utils")``, ``module_source("data", level=1)``: the text of a local module."""
 
     def __init__(self, entry: str) -> None:
         path = os.path.abspath(entry)
+        self.entry = path
         self.root = os.path.dirname(path) if os.path.isfile(path) else None
         self._real_root = os.path.realpath(self.root) if self.root is not None else ""
-        self._texts: dict[str, Optional[str]] = {}
+        self._texts: dict[str, tuple[Optional[tuple[int, int]], Optional[str]]] = {}
+        self._files: Optional[list[str]] = None
+        #: what the analyses derive from the texts (accelify.analyses.foreign), emptied when a text changes
+        self.memo: dict[str, object] = {}
+
+    @classmethod
+    def of(cls, entry: str) -> "ProjectSources":
+        """The sources of the folder of ``entry``, shared with the other scripts of that folder."""
+        path = os.path.abspath(entry)
+        if not os.path.isfile(path):
+            return cls(entry)
+        folder = os.path.dirname(path)
+        shared = _SHARED.get(folder)
+        if shared is None:
+            if len(_SHARED) >= 64:  # (a run over many folders keeps the last ones)
+                _SHARED.pop(next(iter(_SHARED)))
+            shared = _SHARED[folder] = cls(entry)
+        shared.entry = path
+        shared.verify()
+        return shared
+
+    def verify(self) -> None:
+        """Forget every text (and the memo) when a file read has changed since."""
+        for path, (signature, _) in list(self._texts.items()):
+            if _signature(path) != signature:
+                self._texts.clear()
+                self._files = None
+                self.memo.clear()
+                return
+
+    def files(self) -> list[str]:
+        """The Python files of the script's folder and its subfolders (not hidden ones, nor :data:`_NOT_PROJECT`),
+        at most :data:`MAX_FILES`: the modules the project's names can mean."""
+        if self._files is None:
+            found: list[str] = []
+            for folder, dirs, names in os.walk(self.root) if self.root is not None else ():
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_PROJECT)
+                found.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
+                if len(found) >= MAX_FILES:
+                    break
+            self._files = found[:MAX_FILES]
+        return self._files
 
     def module_source(self, dotted: str, level: int = 0) -> Optional[str]:
         found = self.module_file(dotted, level)
-        return self._texts.get(found) if found is not None else None
+        return self._read(found) if found is not None else None
 
     def module_file(self, dotted: str, level: int = 0) -> Optional[str]:
         """The file of a local module (``<folder>/utils.py`` or ``<folder>/utils/__init__.py``) that can
@@ -87,16 +139,27 @@ class ProjectSources:
 
     def _read(self, path: str) -> Optional[str]:
         if path not in self._texts:
-            self._texts[path] = None
+            text = None
             real = os.path.realpath(path)
-            if os.path.isfile(real) and os.path.commonpath([real, self._real_root]) == self._real_root \
-                    and os.path.getsize(real) <= MAX_BYTES:
+            signature = _signature(real)
+            if signature is not None and os.path.commonpath([real, self._real_root]) == self._real_root \
+                    and signature[1] <= MAX_BYTES:
                 try:
                     with open(real, encoding="utf-8") as f:
-                        self._texts[path] = f.read()
+                        text = f.read()
                 except (OSError, UnicodeDecodeError):
                     pass
-        return self._texts[path]
+            self._texts[path] = (signature, text)
+        return self._texts[path][1]
+
+
+def _signature(path: str) -> Optional[tuple[int, int]]:
+    """(modification time, size) of a file; None when it is no file."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_mtime_ns, found.st_size) if stat.S_ISREG(found.st_mode) else None
 
 
 _FROM_IMPORT = re.compile(r"^from[ \t]+(\.?[\w.]*)[ \t]+import[ \t]+(?:\(([^)]*)\)|([\w \t,]+))", re.MULTILINE)
@@ -150,7 +213,7 @@ def _top_level_bodies(text: str) -> dict[str, str]:
 def training_elsewhere(source: str, path: str) -> list[Finding]:
     """ACC135 for a script that trains nothing itself and runs a module beside it that trains: it says
     why nothing changed (the script was silent)."""
-    found = delegated_training(source, ProjectSources(path))
+    found = delegated_training(source, ProjectSources.of(path))
     if found is None:
         return []
     line, name, module = found

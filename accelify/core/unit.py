@@ -237,7 +237,7 @@ def unit_of(source: str, path: str, sources: Optional[ProjectSources] = None) ->
         return None
     if "__main__" not in source and os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(path)), "__init__.py")):
         return None  # a module of a package, without a main guard: a library others import, no script
-    sources = sources or ProjectSources(path)
+    sources = sources or ProjectSources.of(path)
     if sources.root is None or not _trains_beside(source, sources):
         return None
     try:
