@@ -270,6 +270,73 @@ def test_a_module_the_script_imports_prints_once_unless_made_before_a_cpu_accele
     assert not convert_source(entry.read_text(), str(entry), Options(select=frozenset({"ACC001"}))).companions
 
 
+SECOND = """\
+import argparse
+
+import torch
+
+from data import get_loaders
+from model import Regressor
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpu", action="store_true")
+    args = parser.parse_args()
+    train_loader, val_loader = get_loaders(batch_size=8)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    model = Regressor().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x, y in train_loader:
+        x, y = x.to(device), y.to(device)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_module_one_script_converts_and_another_needs_as_it_is_leaves_both(tmp_path: Path) -> None:
+    """`main.py` makes `data.py`'s dataset print through `PartialState().print`; `second.py` builds its loaders
+    with it before its `Accelerator(cpu=...)`, which such a print would make stop on a GPU machine (the state set
+    up before it). A directory run leaves the module and both scripts, each finding naming the other."""
+    folder = copy_of(tmp_path, "five_modules")
+    (folder / "second.py").write_text(SECOND)
+    done = accelify("convert", "--format", "json", ".", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    report = {f["path"]: f for f in json.loads(done.stdout)["files"]}
+    assert not [p for p, f in report.items() if f["status"] == "changed"]
+    [main] = [f["message"] for f in report["./main.py"]["findings"]]
+    [second] = [f["message"] for f in report["./second.py"]["findings"]]
+    assert "`./data.py` is converted with this script" in main and "`./second.py` uses it" in main
+    assert "`data.py` would print through `PartialState().print` once converted with `./main.py`" in second
+    written = accelify("convert", "-i", ".", cwd=folder)
+    assert written.returncode == 0, written.stderr
+    assert files_of(folder) == {**files_of(PROJECTS / "five_modules" / "before"), "second.py": SECOND.encode()}
+
+
+def test_a_module_converted_for_one_script_serves_the_next(tmp_path: Path) -> None:
+    """Once `main.py` is converted (`data.py` printing through `PartialState().print`), a script using the module
+    converts (that print is no code accelify cannot vouch for: it was ACC135), unless it uses the module before an
+    `Accelerator(cpu=...)`: left with ACC141."""
+    folder = copy_of(tmp_path, "five_modules")
+    assert accelify("convert", "-i", "main.py", cwd=folder).returncode == 0
+    assert "PartialState().print" in (folder / "data.py").read_text()
+    third = SECOND.replace(' and not args.cpu', '')
+    (folder / "third.py").write_text(third)
+    converted = convert_source(third, str(folder / "third.py"))
+    assert converted.changed and not converted.findings, converted.findings
+    (folder / "second.py").write_text(SECOND)
+    left = convert_source(SECOND, str(folder / "second.py"))
+    assert not left.changed and [f.code for f in left.findings] == ["ACC141"]
+    assert "`data.py` prints through `PartialState().print`" in left.findings[0].message
+    assert "before creating its `Accelerator(cpu=...)`" in left.findings[0].message
+
+
 LOGGER = '''import sys
 
 

@@ -56,6 +56,9 @@ _TRAINS = frozenset({"backward", "step", "zero_grad", "all_reduce", "all_gather"
                      "reduce", "prepare", "wait_for_everyone"})
 
 
+#: the processes' shared state, which a module's prints go through once converted (ACC008)
+_STATE = frozenset({"accelerate.PartialState", "accelerate.state.PartialState", "accelerate.PartialState.print",
+                    "accelerate.state.PartialState.print"})
 #: what downloads or unpacks data (every process would, at once)
 _FETCHES = ("urllib.", "requests.", "wget.", "gdown.", "torch.hub.", "huggingface_hub.", "datasets.load_dataset",
             "zipfile.", "tarfile.", "shutil.unpack_archive", "torchvision.datasets.utils.download",
@@ -291,6 +294,8 @@ class Foreign:
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in _FETCHES_ATTRS:
             return True  # `dataset.download()`, `archive.extractall(...)`: every process would
         for name in meta.get_metadata(QualifiedNameProvider, call.func, set()):
+            if name.name in _STATE:
+                continue  # `PartialState().print(...)`: a print by the main process (a module converted for a script)
             if name.name.startswith(("torch.cuda", "torch.distributed", "accelerate", *_FETCHES)):
                 return True
             if name.name in ("os.makedirs", "os.mkdir") and not any(

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from dataclasses import replace as dataclass_replace
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import typer
 
@@ -225,7 +225,7 @@ class _Run:
         module beside it, and such a module's own outcome, wait for :meth:`flush`."""
         result = outcome.result
         if self.companion_inputs is not None and (
-                result.companions or os.path.realpath(result.path) in self.companion_inputs):
+                result.companions or result.kept or os.path.realpath(result.path) in self.companion_inputs):
             self.held.append(outcome)
             return
         self._emit(outcome)
@@ -241,12 +241,16 @@ class _Run:
                 if companion.changed:
                     versions.setdefault(os.path.realpath(companion.path), {}).setdefault(
                         companion.output, []).append(outcome.result.path)
+        for outcome in held:  # a module a script needs as it is (its prints before an `Accelerator(cpu=...)`)
+            for path in outcome.result.kept:
+                versions.setdefault(path, {}).setdefault(_KEPT, []).append(outcome.result.path)
         conflicted = {path for path, texts in versions.items() if len(texts) > 1}
         done: set[str] = set()
         for outcome in held:
             result = outcome.result
             real = os.path.realpath(result.path)
-            if not result.companions:
+            needed = [p for p in result.kept if p in conflicted]
+            if not result.companions and not needed:
                 if real in versions and real not in conflicted:
                     if not self.quiet and self.output_format == "text":
                         self.say(f"{result.path}: converted with "
@@ -257,8 +261,8 @@ class _Run:
             clash = [c for c in result.companions if os.path.realpath(c.path) in conflicted]
             from accelify.app.runner import Outcome
 
-            if clash:
-                outcome = Outcome(_left_for_conflict(result, clash, versions), outcome.encoding)
+            if clash or needed:
+                outcome = Outcome(_left_for_conflict(result, clash, versions, needed), outcome.encoding)
             else:
                 kept = [c for c in result.companions if not (c.changed and os.path.realpath(c.path) in done)]
                 done |= {os.path.realpath(c.path) for c in result.companions if c.changed}
@@ -353,12 +357,43 @@ class _Run:
         return None
 
 
-def _left_for_conflict(result: "Result", clash: "list[Result]", versions: "dict[str, dict[str, list[str]]]") -> "Result":
-    """The script left as it is: a module it trains in is converted differently for another script."""
+#: the version of a module a script needs as it is (``Result.kept``), among the texts scripts would give it
+_KEPT = "\0kept"
+
+
+def _left_for_conflict(result: "Result", clash: "list[Result]", versions: "dict[str, dict[str, list[str]]]",
+                       needed: Sequence[str] = ()) -> "Result":
+    """The script left as it is: a module it trains in is converted differently for another script, or one it
+    needs as it is is converted for another script."""
     from accelify.queries.records import Finding
 
     findings = list(result.findings)
+    for path in needed:
+        scripts = sorted({p for text, ps in versions[path].items() if text != _KEPT for p in ps})
+        shown = os.path.relpath(path, os.path.dirname(os.path.abspath(result.path)))
+        findings.append(Finding(
+            result.path, 1, 1, "ACC141",
+            f"`{shown}` would print through `PartialState().print` once converted with "
+            f"{', '.join(f'`{p}`' for p in scripts)}, and this script uses it before creating its "
+            "`Accelerator(cpu=...)`: such a print sets the processes' state up before the Accelerator, and on a GPU "
+            "machine `Accelerator(cpu=True)` then stops with Accelerate's ValueError. The module and these scripts "
+            "are left unchanged.",
+            f"create the Accelerator before the first use of `{shown}` in this script: the module can then print "
+            "through the state for every script.",
+        ))
     for companion in clash:
+        kept = versions[os.path.realpath(companion.path)].get(_KEPT)
+        if kept:
+            findings.append(Finding(
+                result.path, 1, 1, "ACC141",
+                f"`{companion.path}` is converted with this script (its prints through `PartialState().print`), "
+                f"and {', '.join(f'`{p}`' for p in sorted(kept))} uses it before creating its "
+                "`Accelerator(cpu=...)`, which such a print would make stop with Accelerate's ValueError on a GPU "
+                "machine (the state set up before it): the module and these scripts are left unchanged.",
+                f"in {', '.join(f'`{p}`' for p in sorted(kept))}, create the Accelerator before the first use of "
+                f"`{companion.path}`.",
+            ))
+            continue
         scripts = sorted({p for ps in versions[os.path.realpath(companion.path)].values() for p in ps})
         findings.append(Finding(
             result.path, 1, 1, "ACC141",

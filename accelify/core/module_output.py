@@ -27,7 +27,7 @@ from accelify.core.project import ProjectSources
 from accelify.core.result import Options, Result
 from accelify.core.unit import read_module
 from accelify.queries.names import code_of
-from accelify.queries.records import Change
+from accelify.queries.records import Change, Finding
 
 
 def with_module_prints(result: Result, module: cst.Module, options: Options,
@@ -41,24 +41,54 @@ def with_module_prints(result: Result, module: cst.Module, options: Options,
     taken = {os.path.realpath(result.path)} | {os.path.realpath(c.path) for c in result.companions}
     early = _used_before_the_accelerator(result.output)
     added = []
+    kept: list[str] = []
     for found, display, names in _imported_modules(module, sources, result.path):
         if os.path.realpath(found) in taken:
             continue
         taken.add(os.path.realpath(found))
-        if early is not None and (names is None or names & early):
-            continue
         text = read_module(found)
-        done = _module_prints(sources, found, text, options.target) if text is not None else None
+        if text is None:
+            continue
+        if early is not None and (names is None or names & early):
+            if _prints_through_the_state(text):
+                return _left_for_the_state(result, os.path.relpath(found, os.path.dirname(os.path.abspath(result.path))))
+            if _module_prints(sources, found, text, options.target) is not None:
+                kept.append(os.path.realpath(found))  # (another script of a run must not change it)
+            continue
+        done = _module_prints(sources, found, text, options.target)
         if done is None:
             continue
         output, lines = done
         changes = [Change(line, "ACC008", "`print` -> `PartialState().print`: this module's code runs on every "
                           "process, and prints on the main process") for line in lines]
         added.append(Result(display, text, output, changes=changes))  # type: ignore[arg-type]
-    if not added:
+    if not added and not kept:
         return result
     return Result(result.path, result.source, result.output, changes=result.changes, findings=result.findings,
-                  error=result.error, cells=result.cells, notes=result.notes, companions=[*result.companions, *added])
+                  error=result.error, cells=result.cells, notes=result.notes, companions=[*result.companions, *added],
+                  kept=kept)
+
+
+def _prints_through_the_state(text: str) -> bool:
+    """Does a module call ``PartialState().print`` (converted with another script, or so written)?"""
+    return re.search(r"\bPartialState\(\s*\)\s*\.\s*print\(", text) is not None
+
+
+def _left_for_the_state(result: Result, module: str) -> Result:
+    """The script left as it is: a module it uses before its ``Accelerator(cpu=...)`` prints through the processes'
+    shared state, which that print would set up before the Accelerator, without ``cpu=`` (Accelerate then refuses
+    ``cpu=True`` on a GPU machine: ``AcceleratorState._check_initialized``)."""
+    line = next((i for i, text in enumerate(result.source.splitlines(), 1) if os.path.splitext(
+        os.path.basename(module))[0] in text and re.match(r"\s*(from|import)\s", text)), 1)
+    return Result(result.path, result.source, result.source, findings=[*result.findings, Finding(
+        result.path, line, 1, "ACC141",
+        f"`{module}` prints through `PartialState().print` (as accelify makes a module print for another script "
+        "that imports it), and this script uses it before creating its `Accelerator(cpu=...)`: such a print sets "
+        "the processes' state up "
+        "before the Accelerator, and on a GPU machine `Accelerator(cpu=True)` then stops with Accelerate's "
+        "ValueError (the state is set up already, on the GPU). File not converted.",
+        f"create the Accelerator before the first use of `{module}` in this script, or give this script a module "
+        "of its own.")])
 
 
 def _module_prints(sources: ProjectSources, path: str, text: str, target: str) -> Optional[tuple[str, list[int]]]:

@@ -46,6 +46,10 @@ class Result:
     #: The modules beside the script converted with it, as one program (:mod:`accelify.core.unit`):
     #: each its own result (its text read as UTF-8, its newlines kept), changed or with findings.
     companions: list["Result"] = field(default_factory=list)
+    #: The modules of the project this script needs as they are (real paths): it uses one whose prints another
+    #: script's conversion makes ``PartialState().print`` before its ``Accelerator(cpu=...)``
+    #: (:mod:`accelify.core.module_output`); a run that would change one for another script leaves both.
+    kept: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
