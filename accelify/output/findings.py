@@ -137,7 +137,10 @@ FINDINGS: dict[str, str] = {
     "them), and that another file of the project uses too (`finetune.py` calling the same `train(model, device, "
     "...)`): changed, they would no longer fit that file's calls, so nothing changes; or a module two scripts of "
     "one run would convert differently: the module and those scripts are left unchanged. Give each script a "
-    "training function of its own.",
+    "training function of its own. Also a module one script would make print through `PartialState().print` "
+    "while another uses it before its `Accelerator(cpu=...)` (such a print would set the processes' state up "
+    "first, and `cpu=True` on a GPU machine would stop with Accelerate's ValueError): the module and both scripts "
+    "are left unchanged (or, the module printing so already, that script); create that Accelerator first.",
     "ACC142": "The optimizer is built in a function for the model it is handed (`def train(model, loader, args): "
     "optimizer = Adam(model.parameters())`): the model and the loaders are prepared where they are built, the "
     "optimizer in that function right after it is built (`optimizer = accelerator.prepare(optimizer)`), as "
