@@ -177,3 +177,58 @@ def test_a_modules_prints_are_converted_once_for_every_script_of_the_folder(tmp_
     assert results[0].companions[0].output == results[1].companions[0].output
     assert "    PartialState().print(len(loader.dataset))" in results[0].companions[0].output
     assert calls == [True]  # once, on the parse the loader function's reading made
+
+
+LEARNER = """\
+import torch
+from torch import nn
+
+
+class Learner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+        self.optim = torch.optim.Adam(self.net.parameters(), lr=0.01)
+
+    def forward(self, x, y):
+        loss = ((self.net(x) - y) ** 2).mean()
+        self.optim.zero_grad()
+        loss.backward()
+        self.optim.step()
+        return loss.item()
+
+
+def main():
+    pass
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+EPISODES = """\
+import numpy as np
+import torch
+
+from learner import Learner
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+learner = Learner().to(device)
+for step in range(4):
+    x = torch.from_numpy(np.random.randn(8, 4).astype("float32")).to(device)
+    print(learner(x, x.sum(1, keepdim=True)))
+"""
+
+
+def test_a_module_another_file_uses_is_not_converted_alone(tmp_path: Path) -> None:
+    """MAML's `meta.py`: its class trains itself (its own optimizer and backward), its `__main__` does nothing,
+    and `omniglot_train.py` builds it. Converted alone (as `accelify convert DIR` did), the class made its own
+    Accelerator under a script left unconverted (which then moves it with `.to(device)`: on N processes every
+    rank's wrapped model onto one device). Left with ACC141 naming that script; with no user, converted."""
+    write(tmp_path, {"learner.py": LEARNER, "episodes.py": EPISODES})
+    left = convert_source(LEARNER, str(tmp_path / "learner.py"))
+    assert not left.changed and [f.code for f in left.findings] == ["ACC141"]
+    assert "`Learner` would change with this file's conversion, and `episodes.py` uses it" in left.findings[0].message
+    (tmp_path / "episodes.py").unlink()
+    alone = convert_source(LEARNER, str(tmp_path / "learner.py"))
+    assert alone.changed and "self.accelerator.backward(loss)" in alone.output

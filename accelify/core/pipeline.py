@@ -105,6 +105,10 @@ def _convert_parsed(module: cst.Module, source: str, path: str, options: Options
         alone = result is None
         if alone:
             result = _convert_specialised(module, source, path, options) or _convert(module, source, path, options)
+            shared = _changed_for_others(result, sources) if result.changed and path.endswith(".py") else None
+            if shared is not None:
+                result = Result(path, source, source, findings=sorted(
+                    [f for f in result.findings if f.code != "ACC124"] + [shared]))
     except Exception as exc:  # a bug of ours must never cost the user a file
         return _internal_error(path, source, exc)
     finally:
@@ -228,6 +232,46 @@ def _used_elsewhere(unit: Unit) -> Optional[Finding]:
                 "and leaves it whole if they differ), or give this script a training function of its own.",
             )
     return None
+
+
+def _changed_for_others(result: Result, sources: ProjectSources) -> Optional[Finding]:
+    """ACC141 for a file converted on its own whose top-level definitions the conversion changes (a trainer class
+    that now makes its Accelerator, a ``train`` taking one) while another file of its folder imports them (MAML's
+    ``meta.py``, whose ``Meta`` class trains, and whose ``omniglot_train.py`` builds it): changed alone, they
+    would no longer fit that file. Converting the script that uses them converts the module with it, or says why
+    not."""
+    changed = _changed_definitions(result.source, result.output)
+    if not changed:
+        return None
+    dotted = os.path.splitext(os.path.basename(result.path))[0]
+    users = sources.users_of(dotted, changed, {os.path.realpath(result.path)})
+    if not users:
+        return None
+    names = ", ".join(f"`{n}`" for n in sorted(changed))
+    return Finding(
+        result.path, 1, 1, "ACC141",
+        f"{names} would change with this file's conversion, and {', '.join(f'`{u}`' for u in users[:3])}"
+        f"{' and others' if len(users) > 3 else ''} use{'s' if len(users) == 1 else ''} "
+        f"{'it' if len(changed) == 1 else 'them'}: converted alone, this file would change what "
+        f"{'that script runs' if len(users) == 1 else 'those scripts run'} (an Accelerator made or taken there, "
+        "batches no longer placed) without converting it, and whether it would still run right on N processes "
+        "(its placements, its launch) is not checked from here. Nothing changed.",
+        f"convert {'that script' if len(users) == 1 else 'those scripts'} instead (`accelify convert {users[0]}` "
+        "converts this module with it, or says why not), or give this file definitions of its own.",
+    )
+
+
+def _changed_definitions(source: str, output: str) -> set[str]:
+    """The names of the module-level functions and classes whose code differs between ``source`` and ``output``
+    (CPython's parser: formatting aside)."""
+    import ast
+
+    def definitions(text: str) -> dict[str, str]:
+        return {node.name: ast.dump(node) for node in ast.parse(text).body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+    before, after = definitions(source), definitions(output)
+    return {name for name, code in before.items() if after.get(name) != code}
 
 
 def _move_imports(source: str, entry: str, texts: dict[str, str],

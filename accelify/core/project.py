@@ -43,6 +43,7 @@ class ProjectSources:
         self._real_root = os.path.realpath(self.root) if self.root is not None else ""
         self._texts: dict[str, tuple[Optional[tuple[int, int]], Optional[str]]] = {}
         self._files: Optional[list[str]] = None
+        self._search_texts: dict[str, tuple[Optional[tuple[int, int]], Optional[str]]] = {}
         #: what the analyses derive from the texts (accelify.analyses.foreign), emptied when a text changes
         self.memo: dict[str, object] = {}
 
@@ -122,20 +123,31 @@ class ProjectSources:
                 path = os.path.join(folder, name)
                 if seen > MAX_FILES or os.path.realpath(path) in exclude:
                     continue
-                try:
-                    if os.path.getsize(path) > MAX_BYTES:
-                        continue
-                    with open(path, encoding="utf-8", errors="replace") as handle:
-                        text = handle.read()
-                except OSError:
-                    continue
-                if last not in text:
+                text = self._searched(path)
+                if text is None or last not in text:
                     continue
                 uses = any(n in match.group(1) or "*" in match.group(1) for match in imports.finditer(text) for n in names) \
                     or (whole.search(text) is not None and any(f"{last}.{n}" in text for n in names))
                 if uses:
                     found.append(os.path.relpath(path, self.root))
         return found
+
+    def _searched(self, path: str) -> Optional[str]:
+        """A file's text for :meth:`users_of`'s search (undecodable bytes replaced), read again only when it
+        changed: a run that converts many files of a folder searches it once per file, from memory."""
+        signature = _signature(path)
+        known = self._search_texts.get(path)
+        if known is not None and known[0] == signature:
+            return known[1]
+        text = None
+        if signature is not None and signature[1] <= MAX_BYTES:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read()
+            except OSError:
+                pass
+        self._search_texts[path] = (signature, text)
+        return text
 
     def _read(self, path: str) -> Optional[str]:
         if path not in self._texts:
