@@ -116,6 +116,21 @@ def test_a_directory_converts_the_module_once_with_its_script(tmp_path: Path) ->
     assert files_of(folder) == files_of(PROJECTS / "functions" / "after")
 
 
+@pytest.mark.parametrize("name, said", [("trainer_method_loader", {"./trainer.py": ["ACC123", "ACC125"]}),
+                                         ("shared_train", {"./main.py": ["ACC141"], "./train.py": ["ACC125"]})])
+def test_a_directory_names_each_file_once(tmp_path: Path, name: str, said: dict) -> None:
+    """A module left unchanged with its script (the script's finding placed in it) and on its own (its own
+    finding) is one entry of the report, with both findings; it was two entries, a finding repeated in one."""
+    folder = copy_of(tmp_path, name)
+    done = accelify("convert", "--format", "json", ".", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    paths = [f["path"] for f in json.loads(done.stdout)["files"]]
+    assert len(paths) == len(set(paths)) == len(list(folder.glob("*.py")))
+    found = {f["path"]: sorted(x["code"] for x in f["findings"]) for f in json.loads(done.stdout)["files"]
+             if f["findings"]}
+    assert found == said
+
+
 def test_output_to_one_file_is_refused_when_two_change(tmp_path: Path) -> None:
     folder = copy_of(tmp_path, "functions")
     done = accelify("convert", "main.py", "-o", "out.py", cwd=folder)

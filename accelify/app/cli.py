@@ -245,11 +245,14 @@ class _Run:
             for path in outcome.result.kept:
                 versions.setdefault(path, {}).setdefault(_KEPT, []).append(outcome.result.path)
         conflicted = {path for path, texts in versions.items() if len(texts) > 1}
+        merged = _merge_into_scripts(held)
         done: set[str] = set()
         for outcome in held:
             result = outcome.result
             real = os.path.realpath(result.path)
             needed = [p for p in result.kept if p in conflicted]
+            if id(outcome) in merged:
+                continue  # (named with its script, once)
             if not result.companions and not needed:
                 if real in versions and real not in conflicted:
                     if not self.quiet and self.output_format == "text":
@@ -355,6 +358,28 @@ class _Run:
         except OSError as exc:
             return f"{target}: cannot write: {exc.strerror or exc}"
         return None
+
+
+def _merge_into_scripts(held: "list[Outcome]") -> set[int]:
+    """A module left unchanged both with its script (the script's finding placed in it) and on its own: one entry,
+    the script's, with what the module's own conversion says beside it; the ids of the outcomes merged so."""
+    carriers: dict[str, "Result"] = {}
+    for outcome in held:
+        for companion in outcome.result.companions:
+            if not companion.changed and companion.findings:
+                carriers.setdefault(os.path.realpath(companion.path), companion)
+    merged: set[int] = set()
+    for outcome in held:
+        result = outcome.result
+        carrier = carriers.get(os.path.realpath(result.path))
+        if carrier is None or carrier is result or result.companions or result.kept or result.changed \
+                or result.error is not None:
+            continue
+        known = {(f.line, f.code, f.message) for f in carrier.findings}
+        carrier.findings = sorted([*carrier.findings, *(dataclass_replace(f, path=carrier.path) for f in result.findings
+                                                         if (f.line, f.code, f.message) not in known)])
+        merged.add(id(outcome))
+    return merged
 
 
 #: the version of a module a script needs as it is (``Result.kept``), among the texts scripts would give it
