@@ -117,10 +117,13 @@ def test_a_directory_converts_the_module_once_with_its_script(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("name, said", [("trainer_method_loader", {"./trainer.py": ["ACC123", "ACC125"]}),
-                                         ("shared_train", {"./main.py": ["ACC141"], "./train.py": ["ACC125"]})])
+                                         ("shared_train", {"./main.py": ["ACC141"], "./train.py": ["ACC125"]}),
+                                         ("dataset_prints", {})])
 def test_a_directory_names_each_file_once(tmp_path: Path, name: str, said: dict) -> None:
     """A module left unchanged with its script (the script's finding placed in it) and on its own (its own
-    finding) is one entry of the report, with both findings; it was two entries, a finding repeated in one."""
+    finding) is one entry of the report, with both findings; it was two entries, a finding repeated in one. A
+    module whose prints the script's conversion changes was named twice too: unchanged (its own outcome), then
+    changed (with the script)."""
     folder = copy_of(tmp_path, name)
     done = accelify("convert", "--format", "json", ".", cwd=folder)
     assert done.returncode == 0, done.stderr

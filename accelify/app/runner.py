@@ -76,9 +76,10 @@ def convert_path(path: str, options: Options) -> Outcome:
 
 def companion_inputs(paths: Sequence[str]) -> set[str]:
     """The real paths of the modules some of ``paths`` would be converted with (the modules they
-    train in, :mod:`accelify.core.unit`): a text test first, then CPython's parser, no LibCST."""
+    train in, :mod:`accelify.core.unit`, and those whose prints they may change): a text test first, then
+    CPython's parser, no LibCST."""
     from accelify.core.project import ProjectSources
-    from accelify.core.unit import companion_files
+    from accelify.core.unit import companion_files, printing_modules
 
     found: set[str] = set()
     folders: dict[str, ProjectSources] = {}  # one per folder: its modules are read once
@@ -92,6 +93,8 @@ def companion_inputs(paths: Sequence[str]) -> set[str]:
         folder = os.path.dirname(os.path.abspath(path))
         sources = folders.setdefault(folder, ProjectSources.of(path))
         found.update(os.path.realpath(p) for p in companion_files(text, path, sources))
+        if precheck.mentions_training(text):  # (a module whose prints its conversion may change)
+            found.update(os.path.realpath(p) for p in printing_modules(text, sources))
     return found
 
 

@@ -208,6 +208,22 @@ def companion_files(source: str, path: str, sources: Optional[ProjectSources] = 
     return [os.path.join(root, os.path.relpath(c.path, os.path.dirname(path) or ".")) for c in unit.companions]
 
 
+def printing_modules(source: str, sources: ProjectSources) -> list[str]:
+    """The files of the modules beside the script that it imports at its top and whose text prints: what its
+    conversion may change with it (their prints, accelify.core.module_output). A text test, no parse."""
+    found = []
+    for match in _FROM_LOCAL.finditer(source):
+        if match.group(2) is not None:
+            modules = [(match.group(2), len(match.group(1)))]
+        else:
+            modules = [(part.split()[0], 0) for part in match.group(4).split(",") if part.split()]
+        for dotted, level in modules:
+            text = sources.module_source(dotted, level)
+            if text is not None and "print" in text:
+                found.append(sources.module_file(dotted, level))
+    return [f for f in found if f is not None]
+
+
 def _trains_beside(source: str, sources: ProjectSources) -> bool:
     """The text test: a top-level ``from X import`` of a module beside the script that runs a backward."""
     for match in _FROM_LOCAL.finditer(source):
