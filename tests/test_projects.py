@@ -330,11 +330,27 @@ def test_a_module_one_script_converts_and_another_needs_as_it_is_leaves_both(tmp
     assert not [p for p, f in report.items() if f["status"] == "changed"]
     [main] = [f["message"] for f in report["./main.py"]["findings"]]
     [second] = [f["message"] for f in report["./second.py"]["findings"]]
+    assert sorted(report) == sorted(f"./{p.name}" for p in folder.glob("*.py"))
     assert "`./data.py` is converted with this script" in main and "`./second.py` uses it" in main
     assert "`data.py` would print through `PartialState().print` once converted with `./main.py`" in second
     written = accelify("convert", "-i", ".", cwd=folder)
     assert written.returncode == 0, written.stderr
     assert files_of(folder) == {**files_of(PROJECTS / "five_modules" / "before"), "second.py": SECOND.encode()}
+
+
+def test_a_module_a_script_needs_as_it_is_is_still_named(tmp_path: Path) -> None:
+    """`second.py` alone in a run with the project's modules: it keeps `data.py` as it is (its loaders built
+    before its `Accelerator(cpu=...)`); the report still names `data.py` (it was dropped, as if converted with
+    the script: crnn_meijieru's `dataset.py`)."""
+    folder = copy_of(tmp_path, "five_modules")
+    (folder / "main.py").unlink()
+    (folder / "trainer.py").unlink()
+    (folder / "second.py").write_text(SECOND)
+    done = accelify("convert", "--format", "json", ".", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    report = {f["path"]: f["status"] for f in json.loads(done.stdout)["files"]}
+    assert report == {"./data.py": "unchanged", "./model.py": "unchanged", "./utils.py": "unchanged",
+                      "./second.py": "changed"}
 
 
 def test_a_module_converted_for_one_script_serves_the_next(tmp_path: Path) -> None:

@@ -245,6 +245,8 @@ class _Run:
             for path in outcome.result.kept:
                 versions.setdefault(path, {}).setdefault(_KEPT, []).append(outcome.result.path)
         conflicted = {path for path, texts in versions.items() if len(texts) > 1}
+        left = {o.result.path for o in held if any(os.path.realpath(c.path) in conflicted for c in o.result.companions)
+                or any(p in conflicted for p in o.result.kept)}  # the scripts left unchanged for a conflict
         merged = _merge_into_scripts(held)
         done: set[str] = set()
         for outcome in held:
@@ -254,7 +256,8 @@ class _Run:
             if id(outcome) in merged:
                 continue  # (named with its script, once)
             if not result.companions and not needed:
-                if real in versions and real not in conflicted:
+                if real in versions and real not in conflicted and _KEPT not in versions[real] and any(
+                        p not in left for ps in versions[real].values() for p in ps):
                     if not self.quiet and self.output_format == "text":
                         self.say(f"{result.path}: converted with "
                                  f"{', '.join(sorted({p for ps in versions[real].values() for p in ps}))}")
