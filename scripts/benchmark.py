@@ -695,7 +695,7 @@ def main() -> None:
         dirs = {}
         if "4" in only:
             # 4 + 5. directories: accelerate's package (the case), then with training scripts
-            j1 = [jflag, "1"] if jflag else []
+            j1 = j1_flag(jflag)
             for key, training in (("4", False), ("4b", True), ("4c", False)):
                 progress(f"case {key}: building the directory corpus")
                 corpus = work / f"corpus_{key}"

@@ -69,7 +69,6 @@ _FETCHES_ATTRS = frozenset({"download", "extractall", "extract"})
 
 class Sources(Protocol):
     root: Optional[str]
-    entry: str
     memo: dict
 
     def module_source(self, dotted: str, level: int = 0) -> Optional[str]: ...
@@ -184,8 +183,9 @@ class Foreign:
             text = self.sources.module_source(dotted) if path is not None else None
             if path is not None and text is not None:
                 try:
-                    wrapper = MetadataWrapper(cst.parse_module(text), cache=self._cache(path))
-                    parsed = wrapper.module, _Metadata(wrapper, self._cache(path)[FullyQualifiedNameProvider])
+                    cache = self._cache(path)
+                    wrapper = MetadataWrapper(cst.parse_module(text), cache=cache)
+                    parsed = wrapper.module, _Metadata(wrapper, cache[FullyQualifiedNameProvider])
                     self._wrappers[path] = (text, wrapper)
                 except Exception:  # a module that does not parse is one accelify cannot read
                     parsed = None

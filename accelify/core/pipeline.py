@@ -8,6 +8,7 @@ nothing raises on user input: a file that cannot be parsed comes back with
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import sys
@@ -264,7 +265,6 @@ def _changed_for_others(result: Result, sources: ProjectSources) -> Optional[Fin
 def _changed_definitions(source: str, output: str) -> set[str]:
     """The names of the module-level functions and classes whose code differs between ``source`` and ``output``
     (CPython's parser: formatting aside)."""
-    import ast
 
     def definitions(text: str) -> dict[str, str]:
         return {node.name: ast.dump(node) for node in ast.parse(text).body

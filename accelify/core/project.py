@@ -38,7 +38,6 @@ class ProjectSources:
 
     def __init__(self, entry: str) -> None:
         path = os.path.abspath(entry)
-        self.entry = path
         self.root = os.path.dirname(path) if os.path.isfile(path) else None
         self._real_root = os.path.realpath(self.root) if self.root is not None else ""
         self._texts: dict[str, tuple[Optional[tuple[int, int]], Optional[str]]] = {}
@@ -59,7 +58,6 @@ class ProjectSources:
             if len(_SHARED) >= 64:  # (a run over many folders keeps the last ones)
                 _SHARED.pop(next(iter(_SHARED)))
             shared = _SHARED[folder] = cls(entry)
-        shared.entry = path
         shared.verify()
         return shared
 
@@ -139,30 +137,29 @@ class ProjectSources:
         known = self._search_texts.get(path)
         if known is not None and known[0] == signature:
             return known[1]
-        text = None
-        if signature is not None and signature[1] <= MAX_BYTES:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    text = handle.read()
-            except OSError:
-                pass
+        text = _text_of(path, signature, "replace")
         self._search_texts[path] = (signature, text)
         return text
 
     def _read(self, path: str) -> Optional[str]:
         if path not in self._texts:
-            text = None
             real = os.path.realpath(path)
             signature = _signature(real)
-            if signature is not None and os.path.commonpath([real, self._real_root]) == self._real_root \
-                    and signature[1] <= MAX_BYTES:
-                try:
-                    with open(real, encoding="utf-8") as f:
-                        text = f.read()
-                except (OSError, UnicodeDecodeError):
-                    pass
-            self._texts[path] = (signature, text)
+            inside = signature is not None and os.path.commonpath([real, self._real_root]) == self._real_root
+            self._texts[path] = (signature, _text_of(real, signature, "strict") if inside else None)
         return self._texts[path][1]
+
+
+def _text_of(path: str, signature: Optional[tuple[int, int]], errors: str) -> Optional[str]:
+    """A file's UTF-8 text (``errors``: how undecodable bytes are taken); None for no file, one over
+    :data:`MAX_BYTES`, or one that cannot be read."""
+    if signature is None or signature[1] > MAX_BYTES:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors=errors) as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _signature(path: str) -> Optional[tuple[int, int]]:

@@ -211,35 +211,32 @@ def companion_files(source: str, path: str, sources: Optional[ProjectSources] = 
 def printing_modules(source: str, sources: ProjectSources) -> list[str]:
     """The files of the modules beside the script that it imports at its top and whose text prints: what its
     conversion may change with it (their prints, accelify.core.module_output). A text test, no parse."""
-    found = []
+    found = [sources.module_file(dotted, level) for dotted, level in _local_imports(source)
+             if "print" in (sources.module_source(dotted, level) or "")]
+    return [f for f in found if f is not None]
+
+
+def _local_imports(source: str):
+    """(module, level) of each module a top-level ``from X import`` or ``import X, Y as y`` of ``source`` names
+    (a text test: the modules may be anywhere)."""
     for match in _FROM_LOCAL.finditer(source):
         if match.group(2) is not None:
-            modules = [(match.group(2), len(match.group(1)))]
-        else:
-            modules = [(part.split()[0], 0) for part in match.group(4).split(",") if part.split()]
-        for dotted, level in modules:
-            text = sources.module_source(dotted, level)
-            if text is not None and "print" in text:
-                found.append(sources.module_file(dotted, level))
-    return [f for f in found if f is not None]
+            yield match.group(2), len(match.group(1))
+        else:  # `import train, utils as u`
+            yield from ((part.split()[0], 0) for part in match.group(4).split(",") if part.split())
 
 
 def _trains_beside(source: str, sources: ProjectSources) -> bool:
     """The text test: a top-level ``from X import`` of a module beside the script that runs a backward."""
-    for match in _FROM_LOCAL.finditer(source):
-        if match.group(2) is not None:
-            modules = [(match.group(2), len(match.group(1)))]
-        else:  # `import train, utils as u`
-            modules = [(part.split()[0], 0) for part in match.group(4).split(",") if part.split()]
-        for dotted, level in modules:
-            text = sources.module_source(dotted, level)
-            if text is not None and any(mark in text for mark in _MARKS):
+    for dotted, level in _local_imports(source):
+        text = sources.module_source(dotted, level)
+        if text is not None and any(mark in text for mark in _MARKS):
+            return True
+        # a package whose `__init__` takes names from its modules (`from .knn_monitor import knn_monitor`)
+        for inner in _RELATIVE_FROM.findall(text or ""):
+            found = sources.module_source(f"{dotted}.{inner}", level)
+            if found is not None and any(mark in found for mark in _MARKS):
                 return True
-            # a package whose `__init__` takes names from its modules (`from .knn_monitor import knn_monitor`)
-            for inner in _RELATIVE_FROM.findall(text or ""):
-                found = sources.module_source(f"{dotted}.{inner}", level)
-                if found is not None and any(mark in found for mark in _MARKS):
-                    return True
     return False
 
 
