@@ -241,22 +241,23 @@ class _Run:
                 if companion.changed:
                     versions.setdefault(os.path.realpath(companion.path), {}).setdefault(
                         companion.output, []).append(outcome.result.path)
-        for outcome in held:  # a module a script needs as it is (its prints before an `Accelerator(cpu=...)`)
+        needs: dict[str, list[str]] = {}  # a module -> the scripts that need it as it is (`Result.kept`)
+        for outcome in held:
             for path in outcome.result.kept:
-                versions.setdefault(path, {}).setdefault(_KEPT, []).append(outcome.result.path)
-        conflicted = {path for path, texts in versions.items() if len(texts) > 1}
-        left = {o.result.path for o in held if any(os.path.realpath(c.path) in conflicted for c in o.result.companions)
-                or any(p in conflicted for p in o.result.kept)}  # the scripts left unchanged for a conflict
+                needs.setdefault(path, []).append(outcome.result.path)
+        conflicted = {path for path, texts in versions.items() if len(texts) > 1 or path in needs}
+        clashes = {id(o): _clashes(o.result, conflicted) for o in held}
+        left = {o.result.path for o in held if any(clashes[id(o)])}  # the scripts left unchanged for a conflict
         merged = _merge_into_scripts(held)
         done: set[str] = set()
         for outcome in held:
             result = outcome.result
             real = os.path.realpath(result.path)
-            needed = [p for p in result.kept if p in conflicted]
+            clash, needed = clashes[id(outcome)]
             if id(outcome) in merged:
                 continue  # (named with its script, once)
             if not result.companions and not needed:
-                if real in versions and real not in conflicted and _KEPT not in versions[real] and any(
+                if real in versions and real not in conflicted and any(
                         p not in left for ps in versions[real].values() for p in ps):
                     if not self.quiet and self.output_format == "text":
                         self.say(f"{result.path}: converted with "
@@ -264,11 +265,10 @@ class _Run:
                     continue
                 self._emit(outcome)
                 continue
-            clash = [c for c in result.companions if os.path.realpath(c.path) in conflicted]
             from accelify.app.runner import Outcome
 
             if clash or needed:
-                outcome = Outcome(_left_for_conflict(result, clash, versions, needed), outcome.encoding)
+                outcome = Outcome(_left_for_conflict(result, clash, versions, needed, needs), outcome.encoding)
             else:
                 kept = [c for c in result.companions if not (c.changed and os.path.realpath(c.path) in done)]
                 done |= {os.path.realpath(c.path) for c in result.companions if c.changed}
@@ -385,19 +385,22 @@ def _merge_into_scripts(held: "list[Outcome]") -> set[int]:
     return merged
 
 
-#: the version of a module a script needs as it is (``Result.kept``), among the texts scripts would give it
-_KEPT = "\0kept"
+def _clashes(result: "Result", conflicted: set[str]) -> "tuple[list[Result], list[str]]":
+    """(the modules converted with ``result`` that a run leaves for a conflict, the modules it needs as they are
+    that another script of the run would change)."""
+    return ([c for c in result.companions if os.path.realpath(c.path) in conflicted],
+            [p for p in result.kept if p in conflicted])
 
 
 def _left_for_conflict(result: "Result", clash: "list[Result]", versions: "dict[str, dict[str, list[str]]]",
-                       needed: Sequence[str] = ()) -> "Result":
+                       needed: Sequence[str] = (), needs: "Optional[dict[str, list[str]]]" = None) -> "Result":
     """The script left as it is: a module it trains in is converted differently for another script, or one it
     needs as it is is converted for another script."""
     from accelify.queries.records import Finding
 
     findings = list(result.findings)
     for path in needed:
-        scripts = sorted({p for text, ps in versions[path].items() if text != _KEPT for p in ps})
+        scripts = sorted({p for ps in versions[path].values() for p in ps})
         shown = os.path.relpath(path, os.path.dirname(os.path.abspath(result.path)))
         findings.append(Finding(
             result.path, 1, 1, "ACC141",
@@ -410,7 +413,7 @@ def _left_for_conflict(result: "Result", clash: "list[Result]", versions: "dict[
             "through the state for every script.",
         ))
     for companion in clash:
-        kept = versions[os.path.realpath(companion.path)].get(_KEPT)
+        kept = (needs or {}).get(os.path.realpath(companion.path))
         if kept:
             findings.append(Finding(
                 result.path, 1, 1, "ACC141",
